@@ -96,6 +96,8 @@ def test_fit_loss_gradient_is_the_closed_form_and_needs_no_data():
     for f, g in zip(net.fc1.factors, closed):
         torch.testing.assert_close(f.grad, g, rtol=1e-5, atol=1e-6)
     # dense parameters: the identity parameterisation, grad = lam (w - theta)
-    torch.testing.assert_close(net.fc2.weight.grad, 3.0 * (net.fc2.weight.detach() - theta["fc2.weight"].detach()))
+    torch.testing.assert_close(
+        net.fc2.weight.grad, 3.0 * (net.fc2.weight.detach() - theta["fc2.weight"].detach())
+    )
     assert theta["fc2.weight"].grad is None  # theta is a constant of the outer problem
     assert loss.item() == pytest.approx(1.5 * squared_distance(theta, DenseView(net)()).item(), rel=1e-5)

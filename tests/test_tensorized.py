@@ -109,7 +109,7 @@ def test_als_recovers_an_exact_rank_tensor_and_never_increases_the_residual():
     target = cp_reconstruct(factors64((5, 6, 3, 3), 2, seed=3))
     start = factors64((5, 6, 3, 3), 2, seed=4)
     residuals = [float((target - cp_reconstruct(cp_als(target, start, k))).norm()) for k in range(0, 30, 3)]
-    assert all(b <= a + 1e-9 for a, b in zip(residuals, residuals[1:]))
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(residuals))
     assert residuals[-1] < 1e-6 * float(target.norm())
 
 
@@ -147,7 +147,9 @@ def test_act_is_the_weighted_mean_of_composed_tensors():
 def test_identical_uploads_give_the_same_tensor_under_afm_and_act():
     g = factors64((5, 4), 3, seed=0)
     c = factors64((5, 4), 3, seed=1)
-    torch.testing.assert_close(cp_reconstruct(afm(g, [c, c], [1, 1], 1.0)), act_tensor(g, [c, c], [1, 1], 1.0))
+    torch.testing.assert_close(
+        cp_reconstruct(afm(g, [c, c], [1, 1], 1.0)), act_tensor(g, [c, c], [1, 1], 1.0)
+    )
 
 
 def test_act_is_invariant_to_the_cp_gauge_and_afm_is_not():

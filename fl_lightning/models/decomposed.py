@@ -12,7 +12,7 @@ In a YAML config decomposition is one wrapper around any network::
     net:
       class_path: fl_lightning.models.Decomposed
       init_args:
-        net: {class_path: fl_lightning.models.LeNetCifar}
+        net: {class_path: fl_lightning.models.LeNet}
         num_atoms: 9
 """
 

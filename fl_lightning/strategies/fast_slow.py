@@ -41,6 +41,9 @@ class FastSlow(StrategyWrapper):
 
     The base strategy's server update runs on what was uploaded; slow parameters get no pseudo-gradient
     in non-sync rounds (the server optimizer skips them) and are restored bit-identically after the step.
+    The paper pairs the protocol with FedAvg; under a stateful base (SCAFFOLD, FedDyn, FedDC) a client's
+    own state for the slow entries (``c_i``, ``lambda_i``, ``h_i``) still moves every round while the
+    server's moves only in sync rounds, since the uploads that would update it are not sent.
 
     Downlink: Algorithm 2 sends ``alpha^t`` every round; with ``cache=True`` a client keeps the slow
     entries it last received in its state and the server sends them only when they changed since
@@ -96,10 +99,6 @@ class FastSlow(StrategyWrapper):
     def version(self, round: int) -> int:
         """How many aggregations of the slow entries happened before ``round``: ``ceil(round / period)``."""
         return -(-round // self.period)
-
-    def slow_names(self) -> list[str]:
-        """The model entries exchanged only in sync rounds (known after :meth:`setup`)."""
-        return list(self._slow)
 
     # ------------------------------------------------------------------------------------- setup
     def setup(self, model: nn.Module, num_clients: int) -> None:

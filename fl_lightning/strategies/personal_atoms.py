@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import load_tensors
+from fl_lightning.functional import Payload, load_tensors
 from fl_lightning.models.decomposed import atom_names
 from fl_lightning.strategies import register_strategy
 from fl_lightning.strategies.base import ClientContext, Strategy, StrategyWrapper
@@ -93,7 +93,7 @@ class PersonalAtoms(StrategyWrapper):
         if local is not None:
             local.step(module, batch, ctx.lr)
 
-    def upload(self, module: nn.Module, ctx: ClientContext) -> Any:
+    def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         up = super().upload(module, ctx)
         local: _LocalAtoms | None = ctx.scratch.get("personal_atoms")
         if local is not None:
