@@ -74,8 +74,10 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
 class FederatedSummary(Callback):
     """Logs a short end-of-run summary and writes it to ``<log_dir>/summary.json``.
 
-    Reports rounds, best and final global accuracy, the spread of per-client accuracy of the
-    deployed (global or personalised) model, wall time and bytes communicated down and up.
+    Reports rounds, best and final global accuracy (O-F1 for multilabel tasks, which have no
+    accuracy), the spread of the same metric per client for the deployed (global or personalised)
+    model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
+    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``).
     """
 
     def __init__(self) -> None:
@@ -95,17 +97,19 @@ class FederatedSummary(Callback):
     @rank_zero_only
     def _report(self, log_dir: str | None) -> None:
         s = self.summary
+        m = s.get("metric", "acc")
+        name = {"acc": "accuracy", "o_f1": "O-F1"}.get(m, m)
         lines = [
             "fl_lightning summary",
             f"  rounds: {s['rounds']} (this run: {s['rounds_this_run']})",
-            f"  global accuracy: final {_pct(s.get('final_global_acc'))}, "
-            f"best {_pct(s.get('best_global_acc'))}"
+            f"  global {name}: final {_pct(s.get(f'final_global_{m}'))}, "
+            f"best {_pct(s.get(f'best_global_{m}'))}"
             f" (round {s.get('best_round')})",
         ]
-        spread = s.get("client_acc")
+        spread = s.get(f"client_{m}")
         if spread:
             lines.append(
-                f"  per-client accuracy ({spread['n']} clients): mean {_pct(spread['mean'])}, "
+                f"  per-client {name} ({spread['n']} clients): mean {_pct(spread['mean'])}, "
                 f"std {100 * spread['std']:.2f} pts, min {_pct(spread['min'])}, max {_pct(spread['max'])}"
             )
         lines.append(f"  wall time: {s['wall_time_s']:.1f} s ({s['mean_round_s']:.3f} s/round)")
@@ -125,7 +129,9 @@ def summarize(
     history: list[dict], per_client: dict[int, dict[str, float]], wall_time: float
 ) -> dict[str, Any]:
     """The summary numbers from the per-round history and the final per-client metrics."""
-    accs = [(r["round"], r["global/acc"]) for r in history if "global/acc" in r]
+    labelled = any("global/o_f1" in r for r in history) and not any("global/acc" in r for r in history)
+    metric = "o_f1" if labelled else "acc"
+    scores = [(r["round"], r[f"global/{metric}"]) for r in history if f"global/{metric}" in r]
     out: dict[str, Any] = {
         "rounds": len(history),
         "rounds_this_run": sum(1 for r in history if r.get("this_run", True)),
@@ -133,16 +139,25 @@ def summarize(
         "mean_round_s": (sum(r["time_s"] for r in history) / len(history)) if history else 0.0,
         "bytes_down": sum(r["bytes_down"] for r in history),
         "bytes_up": sum(r["bytes_up"] for r in history),
+        "metric": metric,
     }
     out["bytes_total"] = out["bytes_down"] + out["bytes_up"]
-    if accs:
-        best_round, best = max(accs, key=lambda t: t[1])
-        out.update(final_global_acc=accs[-1][1], best_global_acc=best, best_round=best_round + 1)
-    vals = [m["acc"] for m in per_client.values() if "acc" in m]
+    if scores:
+        best_round, best = max(scores, key=lambda t: t[1])
+        out[f"final_global_{metric}"] = scores[-1][1]
+        out[f"best_global_{metric}"] = best
+        out["best_round"] = best_round + 1
+    vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
-        out["client_acc"] = {"n": len(vals), "mean": mean, "std": std, "min": min(vals), "max": max(vals)}
+        out[f"client_{metric}"] = {
+            "n": len(vals),
+            "mean": mean,
+            "std": std,
+            "min": min(vals),
+            "max": max(vals),
+        }
     return out
 
 

@@ -154,3 +154,16 @@ def test_flair_format_federation_trains_with_multilabel_metrics_in_tensorboard(t
         assert f"global/{key}" in tags and f"personal/{key}" in tags
     assert {f"client/{c}/c_f1" for c in range(6)} <= tags
     assert module.history[-1]["clients"] == 3
+
+
+def test_summary_of_a_multilabel_run_reports_o_f1():
+    from fl_lightning.callbacks import summarize
+
+    history = [
+        {"round": r, "time_s": 1.0, "bytes_down": 10, "bytes_up": 10, "global/o_f1": f, "global/c_f1": 0.1}
+        for r, f in enumerate([0.2, 0.5, 0.4])
+    ]
+    s = summarize(history, {0: {"o_f1": 0.3}, 1: {"o_f1": 0.5}}, 3.0)
+    assert s["metric"] == "o_f1" and "final_global_acc" not in s
+    assert (s["final_global_o_f1"], s["best_global_o_f1"], s["best_round"]) == (0.4, 0.5, 2)
+    assert s["client_o_f1"]["n"] == 2 and s["client_o_f1"]["mean"] == pytest.approx(0.4)
