@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
 from fl_lightning.callbacks import FederatedCallback
@@ -26,6 +28,14 @@ from fl_lightning.strategies import FedAvg, Strategy
 from fl_lightning.viz import counts_markdown, partition_heatmap
 
 log = logging.getLogger("fl_lightning")
+
+# Round metrics are computed from state merged across processes before they are logged, so every rank
+# logs the same value; Lightning's advice to add ``sync_dist=True`` (a mean over ranks) does not apply.
+warnings.filterwarnings(
+    "ignore",
+    message=r"It is recommended to use `self.log\('(global|personal|client|round|train)/",
+    category=PossibleUserWarning,
+)
 
 _CLIENT_DEFAULTS = {"lr": 0.1, "momentum": 0.9}
 _DEFAULT_CLIENT = lazy_instance(ClientModule, **_CLIENT_DEFAULTS)

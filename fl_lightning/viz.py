@@ -24,18 +24,20 @@ def colormap(values: np.ndarray) -> np.ndarray:
     return _VIRIDIS[lo] * (1 - frac) + _VIRIDIS[lo + 1] * frac
 
 
-def partition_heatmap(counts: np.ndarray, cell: int = 12) -> np.ndarray:
+def partition_heatmap(counts: np.ndarray, cell: int = 12, max_height: int = 2400) -> np.ndarray:
     """An HWC uint8 image of a clients × classes count matrix (rows = clients, columns = classes).
 
     Each row is normalised by the client's largest class count so that the label skew of small
-    and large clients is equally visible; every cell is ``cell`` pixels square.
+    and large clients is equally visible; every cell is ``cell`` pixels square, smaller (down to one
+    pixel) when the clients would make the image taller than ``max_height``, so that a federation of
+    thousands of clients does not cost tens of MB for a picture.
     """
     counts = np.asarray(counts, dtype=np.float64)
     peak = counts.max(axis=1, keepdims=True)
     frac = np.divide(counts, peak, out=np.zeros_like(counts), where=peak > 0)
-    img = colormap(frac)
-    img = np.repeat(np.repeat(img, cell, axis=0), cell, axis=1)
-    return (img * 255).round().astype(np.uint8)
+    img = (colormap(frac) * 255).round().astype(np.uint8)
+    cell = max(1, min(cell, max_height // max(len(counts), 1)))
+    return np.repeat(np.repeat(img, cell, axis=0), cell, axis=1)
 
 
 def counts_markdown(counts: np.ndarray, max_rows: int = 50) -> str:
