@@ -94,6 +94,18 @@ def test_cross_terms_sum_to_the_product_of_averages():
     torch.testing.assert_close(
         own, sum(pk**2 * reconstruct_filters(a, d) for pk, a, d in zip(p, alphas, atoms))
     )
+    # cross terms by hand: sum_{i != j} p_i p_j alpha_i x D_j, the m^2 - m latent clients
+    torch.testing.assert_close(
+        cross,
+        sum(
+            p[i] * p[j] * reconstruct_filters(alphas[i], atoms[j])
+            for i in range(m)
+            for j in range(m)
+            if i != j
+        ),
+        rtol=0,
+        atol=1e-10,
+    )
     weights = [float(p[i] * p[j]) for i in range(m) for j in range(m)]
     assert len(weights) - m == m * m - m == 12
     assert sum(weights) == pytest.approx(1.0)

@@ -78,13 +78,22 @@ def test_gradients_follow_the_chain_rule_through_the_product():
     )
 
 
-def test_from_conv_is_exact_with_k_squared_atoms():
+@pytest.mark.parametrize("num_atoms", [9, 12])
+@pytest.mark.parametrize("kw", [{"stride": 2, "padding": 1}, {"dilation": 2, "padding": 2, "groups": 3}])
+def test_from_conv_is_exact_with_at_least_k_squared_atoms(num_atoms, kw):
     torch.manual_seed(0)
-    conv = nn.Conv2d(3, 8, 3, stride=2, padding=1, dilation=1)
-    layer = DecomposedConv2d.from_conv(conv, num_atoms=9)
+    conv = nn.Conv2d(3, 6, 3, **kw)
+    layer = DecomposedConv2d.from_conv(conv, num_atoms=num_atoms)
+    assert layer.atoms.shape == (num_atoms, 3, 3)
+    torch.testing.assert_close(layer.weight, conv.weight, rtol=1e-5, atol=1e-6)
     x = torch.randn(2, 3, 9, 9)
     torch.testing.assert_close(layer(x), conv(x), rtol=1e-5, atol=1e-5)
-    assert (layer.stride, layer.padding, layer.dilation) == (conv.stride, conv.padding, conv.dilation)
+    assert (layer.stride, layer.padding, layer.dilation, layer.groups) == (
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+    )
 
 
 def test_from_conv_is_the_best_rank_m_approximation_otherwise():

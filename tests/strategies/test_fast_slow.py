@@ -5,6 +5,7 @@ import torch
 
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.client import ClientModule
+from fl_lightning.decomposition import fast_slow_ratio
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import Decomposed, SmallCNN
 from fl_lightning.models.decomposed import atom_names, coefficient_names
@@ -77,6 +78,12 @@ def test_bytes_per_round_match_the_formula(cache, fit):
         assert record["bytes_up"] == clients * (full - (0 if sync else slow)), t
         assert record["bytes_down"] == clients * (full - (slow if cache and held else 0)), t
     assert "strategy.held" in module.state_dict()  # the downlink record is checkpointed
+    # uplink over one period is Algorithm 1's times fast_slow_ratio (the saving is not beta: the head and
+    # atoms travel every round)
+    uplink = sum(r["bytes_up"] for r in module.history[:period])
+    ratio = fast_slow_ratio(slow=slow, fast=full - slow, period=period)
+    assert uplink == pytest.approx(period * clients * full * ratio, rel=1e-12)
+    assert 1 / period < ratio < 1
 
 
 def test_period_one_is_bit_identical_to_the_base_strategy(fit):

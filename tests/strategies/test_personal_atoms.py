@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.client import ClientModule
+from fl_lightning.loop import evaluate
 from fl_lightning.models import Decomposed, LeNet, SmallCNN
 from fl_lightning.models.decomposed import atom_names, coefficient_names
 from fl_lightning.server import FederatedModule
@@ -141,3 +142,28 @@ def test_without_decomposed_layers_it_warns_and_runs_as_its_base(fit, caplog):
     assert "no DecomposedConv2d" in caplog.text
     wa, wb = global_weights(a), global_weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_reported_client_metrics_are_those_of_the_deployed_model_on_the_local_test_split(fit):
+    """``client/<id>/*`` (summary.json's ``client_acc``): ``(alpha^T, D_l, theta_h^T)`` on the test split."""
+    module = _module(PersonalAtoms(), local_steps=6)
+    data = make_data(local_test_fraction=0.3)
+    fit(module, data=data, rounds=3)
+    glob, names = global_weights(module), atom_names(module.client)
+
+    def metrics_of(weights, client):
+        module.worker.load_state_dict(weights)
+        metrics = module.client_metrics.clone()
+        evaluate(module.worker, client.eval_batches(data.eval_batch_size), metrics)
+        return {k: float(v) for k, v in metrics.compute().items()}
+
+    differs = False
+    for client in data.clients:
+        assert client.test_idx.numel() > 0
+        assert not set(client.test_idx.tolist()) & set(client.train_idx.tolist())
+        state = module.store.get(client.client_id)
+        personal = metrics_of({**glob, **{n: state[LOCAL_ATOMS + n] for n in names}}, client)
+        reported = {k: float(v) for k, v in module.client_eval[client.client_id].items()}
+        assert reported == pytest.approx(personal, abs=1e-6), client.client_id
+        differs |= reported != pytest.approx(metrics_of(glob, client), abs=1e-6)
+    assert differs  # an evaluation of the global model instead would fail the check above

@@ -1,6 +1,7 @@
 """TDPFed (Wang et al.): round protocol, factor step, AFM/ACT server updates, bytes, personalisation."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -11,10 +12,10 @@ from fl_lightning.client import ClientModule
 from fl_lightning.data import FederatedDataModule, Pathological
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional import load_tensors, payload_bytes, shared_state
-from fl_lightning.loop import Aggregator
+from fl_lightning.loop import Aggregator, num_sampled, sample_clients
 from fl_lightning.models import DNN
 from fl_lightning.models.cp import cp_layers, dense_weights
-from fl_lightning.moreau import SCRATCH, THETA
+from fl_lightning.moreau import SCRATCH, THETA, fit_loss
 from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg, PFedMe, RoundInfo, TDPFed
 from fl_lightning.strategies.base import ClientContext, Strategy
@@ -281,3 +282,96 @@ def test_bad_arguments_name_the_field():
         TDPFed(factor_steps=0)
     with pytest.raises(ConfigError, match="model.strategy.personal_momentum"):
         TDPFed(personal_momentum=1.0)
+
+
+# ------------------------------------------------------------------ spec §8 items 9, 10, 15, 16, 18
+def factor_fit_setup(target_rank=None, seed=0):
+    """A client at the round reset whose theta~ is replaced by ``[[B]]`` (rank ``target_rank``) or kept."""
+    model = cp_client()
+    strategy = TDPFed(lam=2.0)
+    strategy.setup(model, 1)
+    worker = copy.deepcopy(model)
+    ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.01, strategy)
+    strategy.on_client_start(worker, ctx)
+    personal = ctx.scratch[SCRATCH]
+    if target_rank is not None:
+        g = torch.Generator().manual_seed(seed)
+        for name, layer in cp_layers(worker).items():
+            b = [0.5 * torch.randn(n, target_rank, generator=g) for n in layer.weight_shape]
+            with torch.no_grad():
+                personal.theta[f"{name}.dense_weight"].copy_(cp_reconstruct(b))
+    return strategy, worker, ctx, personal
+
+
+def test_factor_steps_fit_an_exact_rank_theta_and_leave_an_exact_fit_unchanged():
+    # theta~ = [[A]] (the round reset, no theta step): the factor gradient is 0, Adam leaves A as is
+    strategy, worker, ctx, personal = factor_fit_setup()
+    before = {n: t.detach().clone() for n, t in shared_state(worker).items()}
+    strategy.outer_step(worker, worker.configure_optimizers(), ctx, personal)
+    assert all(torch.equal(before[n], t) for n, t in shared_state(worker).items())
+    # theta~ = [[B]] with rank(B) <= R: the fit loss of the factor steps (Adam) goes to ~0
+    strategy, worker, ctx, personal = factor_fit_setup(target_rank=2)
+    start = fit_loss(worker, personal.theta, strategy.lam).item()
+    strategy.factor_steps = 300
+    strategy.outer_step(worker, torch.optim.Adam(worker.parameters(), lr=3e-2), ctx, personal)
+    assert fit_loss(worker, personal.theta, strategy.lam).item() < 1e-5 * start
+
+
+def test_plain_gd_factor_steps_never_increase_the_fit_loss():
+    strategy, worker, ctx, personal = factor_fit_setup(target_rank=6, seed=1)
+    strategy.factor_steps = 1
+    opt = torch.optim.SGD(worker.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(40):
+        losses.append(fit_loss(worker, personal.theta, strategy.lam).item())
+        strategy.outer_step(worker, opt, ctx, personal)
+    assert all(b <= a for a, b in itertools.pairwise(losses))
+    assert losses[-1] < 0.97 * losses[0]
+
+
+def test_each_local_round_runs_theta_steps_then_factor_steps_on_that_rounds_theta():
+    events = []
+
+    def hook(opt, args, kwargs):
+        events.append(type(opt).__name__)
+
+    model = cp_client()
+    strategy = TDPFed(personal_steps=2, factor_steps=3)
+    strategy.setup(model, 1)
+    seen = []
+    outer = strategy.outer_step
+
+    def spy(module, optimizer, ctx, personal):
+        seen.append({n: t.detach().clone() for n, t in personal.theta.items()})
+        outer(module, optimizer, ctx, personal)
+
+    strategy.outer_step = spy
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        ctx, _, _ = run_client(strategy, model, batches(3))
+    finally:
+        handle.remove()
+    assert events == (["SGD"] * 2 + ["Adam"] * 3) * 3
+    # the factors of round t' are fitted to that round's theta~ (which then keeps moving)
+    w = "net.fc1.dense_weight"
+    assert len(seen) == 3 and not torch.equal(seen[0][w], seen[2][w])
+    torch.testing.assert_close(seen[-1][w], ctx.state[THETA + w])
+
+
+def test_afm_weights_samples_uses_data_sizes():
+    model = cp_client()
+    strategy = TDPFed(afm_weights="samples")
+    strategy.setup(model, 2)
+    before = {n: t.detach().clone() for n, t in shared_state(model).items()}
+    ups = [make_upload(model, 1), make_upload(model, 2)]
+    server_round(strategy, model, ups, [30, 10])
+    clients = [factors_of(u["weights"], "net.fc1") for u in ups]
+    expected = afm(factors_of(before, "net.fc1"), clients, [30, 10], 1.0)
+    for got, e in zip(cp_layers(model)["net.fc1"].factors, expected):
+        torch.testing.assert_close(got.detach(), e, rtol=1e-5, atol=1e-6)
+
+
+def test_full_participation_samples_every_client_every_round():
+    assert num_sampled(20, 1.0, None) == 20
+    for r in range(3):
+        assert sample_clients(20, num_sampled(20, 1.0, None), seed=0, round=r) == list(range(20))
