@@ -27,8 +27,9 @@ class ClientStateStore:
     states beyond that many bytes are written to ``directory`` as safetensors files (one per client)
     and read back when their client is sampled again, so resident memory follows the clients of a
     round, not the size of the federation. The whole store is part of the run's checkpoint
-    (:meth:`state_dict` / :meth:`load_state_dict`); saving a checkpoint reads spilled states back
-    one client at a time into the checkpoint.
+    (:meth:`state_dict` / :meth:`load_state_dict`); spilled states enter the checkpoint as
+    memory-mapped tensors of their files (read through the page cache while the checkpoint is written,
+    not copied into process memory).
 
     Args:
         memory_budget: Bytes of state kept in memory (None: no limit, never touch the disk).
