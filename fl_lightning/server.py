@@ -11,6 +11,7 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
@@ -37,6 +38,7 @@ warnings.filterwarnings(
     category=PossibleUserWarning,
 )
 
+_SMALL_MODEL = 1_000_000  # parameters; below this a CPU process trains on one intra-op thread by default
 _CLIENT_DEFAULTS = {"lr": 0.1, "momentum": 0.9}
 _DEFAULT_CLIENT = lazy_instance(ClientModule, **_CLIENT_DEFAULTS)
 _DEFAULT_STRATEGY = lazy_instance(FedAvg)
@@ -69,9 +71,12 @@ class FederatedModule(LightningModule):
         state_memory_mb: Memory budget of the per-client state store in MiB; states of the least
             recently trained clients beyond it are kept on disk (None: all in memory).
         state_dir: Folder for spilled client states (default: a temporary folder).
-        threads_per_process: Intra-op threads of each CPU process; None sets 1 when several CPU
-            processes share the machine (``--trainer.devices N`` on CPU) and leaves torch's default
-            otherwise. See benchmarks/scaling.py for why.
+        threads_per_process: Intra-op threads of each CPU process. None sets 1 when several CPU
+            processes share the machine (``--trainer.devices N`` on CPU) or when the model is small
+            (fewer than 1M parameters: its per-step work is too small to split, and with two threads
+            a tiny model's rounds took 9x longer than with one while other work kept the cores busy,
+            while idle they were equal), and leaves torch's default otherwise. See
+            benchmarks/scaling.py.
     """
 
     def __init__(
@@ -153,12 +158,10 @@ class FederatedModule(LightningModule):
         if self._ready:
             return
         threads = self.threads_per_process
-        if (
-            threads is None
-            and self.trainer.num_devices > 1
-            and self.trainer.strategy.root_device.type == "cpu"
-        ):
-            threads = 1
+        if threads is None and self.trainer.strategy.root_device.type == "cpu":
+            small = sum(p.numel() for p in self.client.parameters()) < _SMALL_MODEL
+            if self.trainer.num_devices > 1 or small:
+                threads = 1
         if threads is not None:
             torch.set_num_threads(threads)
         dm = self.datamodule
@@ -336,7 +339,8 @@ class FederatedModule(LightningModule):
             self.history[-1].update(values)
         rounds_done = self.global_step
         due = self.eval_clients_every > 0 and rounds_done % self.eval_clients_every == 0
-        if due or not self.trainer.training:
+        # trainer.training is False during fit's own validation: test the entry point instead
+        if due or self.trainer.state.fn != TrainerFn.FITTING:
             self.evaluate_clients()
 
     @torch.no_grad()

@@ -213,3 +213,36 @@ def test_model_and_data_mismatches_are_one_line_config_errors(fit):
         fit(wrong_channels)
     with pytest.raises(ConfigError, match="data.num_clients=5000"):
         fit(make_module(), data=make_data(num_clients=5000))
+
+
+@pytest.mark.parametrize(("every", "during"), [(0, []), (2, [2])])
+def test_clients_are_evaluated_every_n_rounds_and_at_the_end_of_fit(every, during, fit, monkeypatch):
+    """Validation inside fit is not "outside training": eval_clients_every=0 evaluates only at the end."""
+    module = make_module(eval_clients_every=every)
+    rounds = []
+    original = module.evaluate_clients
+
+    def counting(*args, **kwargs):
+        rounds.append(module.global_step)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "evaluate_clients", counting)
+    fit(module, rounds=3)
+    assert rounds == during
+    assert module.final_client_metrics()  # summary.json's client_acc: the final model, evaluated once
+    assert module.final_client_metrics()
+    assert rounds == [*during, 3]
+    module.trainer.validate(module, datamodule=module.datamodule, verbose=False)  # outside fit: always
+    assert rounds == [*during, 3, 3]
+
+
+@pytest.mark.parametrize(("threads", "width", "expected"), [(None, 4, [1]), (2, 4, [2]), (None, 400, [])])
+def test_cpu_threads_default_to_one_for_small_models(threads, width, expected, fit, monkeypatch):
+    """Under 1M parameters a CPU process trains on one intra-op thread unless threads_per_process is set;
+    a larger model keeps torch's default (no call)."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    module = make_module(width=width, threads_per_process=threads)
+    assert (sum(p.numel() for p in module.client.parameters()) < 1_000_000) == (width == 4)
+    fit(module, rounds=1)
+    assert calls == expected
