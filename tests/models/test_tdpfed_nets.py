@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from torch.func import functional_call
 
 from fl_lightning.models import DNN, VGG8, create_model
-from fl_lightning.models.cp import cp_layers
+from fl_lightning.models.cp import DENSE, clear_dense_weights, cp_layers, dense_weights, set_dense_weights
+from fl_lightning.moreau import fit_loss
+from fl_lightning.tensorized import cp_factor_grads
 
 
 def weight_count(model):
@@ -84,3 +87,22 @@ def test_dense_and_cp_vgg8_have_the_same_scale_at_init():
     x = torch.randn(8, 3, 32, 32)
     dense, cp = VGG8()(x), VGG8(ratio=2.0)(x)
     assert 0.2 < cp.std().item() / dense.std().item() < 5
+
+
+def test_cp_vgg8_dense_view_is_the_dense_vgg8_and_its_fit_gradient_is_eq_25():
+    # theta (the personalised model) of a CP VGG8 runs as the dense VGG8 with the same weights, and the
+    # factor gradient of lam/2 ||theta - [[A]]||^2 on a conv layer is the closed form (N = 4)
+    torch.manual_seed(0)
+    kw = {"in_channels": 1, "input_size": 8, "widths": (4, 8, 8, 8, 8), "hidden": 16}
+    cp, dense = VGG8(ratio=2.0, **kw), VGG8(**kw)
+    theta = {n: t.detach() + 0.05 * torch.randn_like(t) for n, t in dense_weights(cp).items()}
+    dense.load_state_dict({n.replace(DENSE, "weight"): t for n, t in theta.items()})
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(functional_call(cp, theta, (x,)), dense(x))
+    set_dense_weights(cp, theta)
+    torch.testing.assert_close(cp(x), dense(x))
+    clear_dense_weights(cp)
+    fit_loss(cp, theta, 3.0).backward()
+    a = [f.detach() for f in cp.conv2.factors]
+    for f, g in zip(cp.conv2.factors, cp_factor_grads(theta["conv2.dense_weight"], a, 3.0)):
+        torch.testing.assert_close(f.grad, g, rtol=1e-4, atol=1e-5)
