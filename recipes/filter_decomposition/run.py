@@ -55,6 +55,7 @@ NAMES = {
     "fedavg_ft": "FedAvg + FT",
     "fedprox_ft": "FedProx + FT",
     "ours": "Ours (local atoms)",
+    "global": "FedAvg + Decomposition, global model (no personalisation)",
 }
 
 
@@ -77,6 +78,9 @@ def dense_file(setup: str) -> Path:
 def fit(name: str, files: list[Path], overrides: list[str], args: argparse.Namespace) -> dict:
     """One ``fit`` run in ``<out>/<name>``; returns its summary (with ``target`` when written)."""
     root = args.out_dir / name
+    if args.skip_existing and list(root.glob("lightning_logs/version_*/summary.json")):
+        print(f"reusing {root} (--skip-existing)", flush=True)
+        return _summary(root)
     cmd = [sys.executable, "-m", "fl_lightning", "fit"]
     for f in [CONFIGS / f"{args.setup}.yaml", *files]:
         cmd += ["--config", str(f)]
@@ -88,7 +92,15 @@ def fit(name: str, files: list[Path], overrides: list[str], args: argparse.Names
     cmd += args.extra
     print("$", "python", *(c.replace(f"{ROOT}{os.sep}", "") for c in cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    versions = sorted((root / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return _summary(root)
+
+
+def _summary(root: Path) -> dict:
+    """The newest run's ``summary.json`` under ``root`` (with ``target`` when written)."""
+    versions = sorted(
+        (v for v in (root / "lightning_logs").glob("version_*") if (v / "summary.json").exists()),
+        key=lambda p: int(p.name.split("_")[1]),
+    )
     summary = json.loads((versions[-1] / "summary.json").read_text())
     target = versions[-1] / "target.json"
     if target.exists():
@@ -139,17 +151,20 @@ def table2(args: argparse.Namespace) -> str:
         "fedavg_ft": fit("fedavg_ft", [dense, CONFIGS / "strategies" / "fedavg_ft.yaml"], [], args),
         "fedprox_ft": fit("fedprox_ft", [dense, CONFIGS / "strategies" / "fedprox_ft.yaml"], [], args),
         "ours": fit("ours", [], [], args),
+        # reference: the same decomposed FedAvg run deployed without personalisation
+        "global": fit("decomposed_global", [CONFIGS / "strategies" / "fedavg.yaml"], [], args),
     }
     rows = ["| method | personalised acc (%) | global acc (%) | paper |", "|---|---|---|---|"]
     for key, s in runs.items():
         rows.append(
             f"| {NAMES[key]} | {pct(s['client_acc']['mean'])} | {pct(s['final_global_acc'])} "
-            f"| {paper(TABLE2[key], column)} |"
+            f"| {paper(TABLE2.get(key), column)} |"
         )
     return "\n".join(rows) + (
         "\n\nPersonalised accuracy: mean over clients of each client's deployed model on its local test "
         "split (FT: the final global model fine-tuned 10 epochs on the client's training split; Ours: final "
-        "global coefficients and head with the client's local atoms)."
+        "global coefficients and head with the client's local atoms; last row: Ours' global model itself, "
+        "since the local atoms train on the same batches without changing the global trajectory)."
     )
 
 
@@ -218,6 +233,11 @@ def main() -> None:
         "--ablation", action="store_true", help="Table 3 (m_a) instead of Table 2 (personal setups)"
     )
     parser.add_argument("--rounds", type=int, default=None, help="override trainer.max_steps")
+    parser.add_argument(
+        "--skip-existing",
+        action="store_true",
+        help="reuse a row's summary.json under --out when there is one (e.g. after an interrupted run)",
+    )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "lightning_logs" / "recipes" / "filter_decomposition"
     )
