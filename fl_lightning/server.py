@@ -73,10 +73,9 @@ class FederatedModule(LightningModule):
         state_dir: Folder for spilled client states (default: a temporary folder).
         threads_per_process: Intra-op threads of each CPU process. None sets 1 when several CPU
             processes share the machine (``--trainer.devices N`` on CPU) or when the model is small
-            (fewer than 1M parameters: its per-step work is too small to split, and with two threads
-            a tiny model's rounds took 9x longer than with one while other work kept the cores busy,
-            while idle they were equal), and leaves torch's default otherwise. See
-            benchmarks/scaling.py.
+            (fewer than 1M parameters: with two threads the zero-config run's rounds took 9x longer
+            than with one while other work kept the cores busy, and were 13% shorter on an idle
+            machine), and leaves torch's default otherwise. See benchmarks/scaling.py.
     """
 
     def __init__(
