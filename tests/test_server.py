@@ -1,5 +1,6 @@
 """The outer Trainer: stock callbacks per round, resume, TensorBoard output, checkpoint checks."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,10 @@ def test_resume_from_a_mid_run_checkpoint_is_identical(tmp_path):
 
     resumed = stateful_module()
     trainer = make_trainer(tmp_path / "b", rounds=5)
-    trainer.fit(resumed, datamodule=make_data(), ckpt_path=ckpt_dir / "step=2.ckpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(resumed, datamodule=make_data(), ckpt_path=ckpt_dir / "step=2.ckpt")
+    assert not [w for w in caught if "not resumable" in str(w.message)]  # the round loader is resumable
     assert trainer.global_step == 5
     a, b = global_weights(full), global_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

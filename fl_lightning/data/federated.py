@@ -91,6 +91,17 @@ class RoundLoader:
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.num_rounds))
 
+    def state_dict(self) -> dict[str, int]:
+        """Nothing to save: the round index is ``trainer.global_step``, restored by Lightning.
+
+        Having the ``state_dict``/``load_state_dict`` pair marks the loader as resumable, so a resume
+        from a mid-run checkpoint (the usual case: one epoch holds all rounds) is not warned about.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """See :meth:`state_dict`."""
+
 
 class FederatedDataModule(LightningDataModule):
     """A dataset split over clients, with a global test set and optional local test splits.
