@@ -17,6 +17,7 @@ TensorBoard logs and writes a markdown table beside the paper's Table 3.
     python recipes/fedcog/run.py                                    # CPU size: digits, NIID-1 and NIID-2
     python recipes/fedcog/run.py --setups table3_cifar10_niid1 table3_cifar10_niid2 table3_flair  # GPU
     python recipes/fedcog/run.py --bases fedavg moon --extra_rounds 3
+    python recipes/fedcog/run.py --seeds 0 1 2                      # mean ± std over three seeds
 """
 
 from __future__ import annotations
@@ -105,6 +106,16 @@ def final_scalars(log_dir: Path, keys: list[str]) -> dict[str, float]:
     return {k: events.Scalars(f"global/{k}")[-1].value for k in keys}
 
 
+def _stat(values: list[float], sign: bool = False) -> str:
+    """``mean`` (one value) or ``mean ± std`` (several), in points."""
+    mean = sum(values) / len(values)
+    text = f"{mean:+.2f}" if sign else f"{mean:.2f}"
+    if len(values) > 1:
+        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+        text += f" ± {std:.2f}"
+    return text
+
+
 def run_setup(args: argparse.Namespace, setup: str) -> str:
     config = yaml.safe_load((CONFIGS / f"{setup}.yaml").read_text())
     warm = (
@@ -117,23 +128,36 @@ def run_setup(args: argparse.Namespace, setup: str) -> str:
     keys = ["o_f1", "c_f1"] if column == "flair" else ["acc"]
     rows = []
     for base in args.bases:
-        out = args.out / setup / base
-        start = f"--model.strategy.init_args.start_round={warm}"
-        warm_dir = fit(args, setup, base, out / "warmup", f"--trainer.max_steps={warm}", start)
-        ckpt = str(warm_dir / "checkpoints" / "latest.ckpt")
-        plain = fit(
-            args,
-            setup,
-            base,
-            out / "base",
-            f"--trainer.max_steps={total}",
-            f"--ckpt_path={ckpt}",
-            f"--model.strategy.init_args.start_round={total}",
-        )
-        plug = fit(
-            args, setup, base, out / "fedcog", f"--trainer.max_steps={total}", f"--ckpt_path={ckpt}", start
-        )
-        rows.append((base, final_scalars(plain, keys), final_scalars(plug, keys)))
+        without, with_ = [], []
+        for seed in args.seeds:
+            out = args.out / setup / base if args.seeds == [0] else args.out / setup / f"seed{seed}" / base
+            seeded = [f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}"]
+            start = f"--model.strategy.init_args.start_round={warm}"
+            warm_dir = fit(args, setup, base, out / "warmup", f"--trainer.max_steps={warm}", start, *seeded)
+            ckpt = str(warm_dir / "checkpoints" / "latest.ckpt")
+            plain = fit(
+                args,
+                setup,
+                base,
+                out / "base",
+                f"--trainer.max_steps={total}",
+                f"--ckpt_path={ckpt}",
+                f"--model.strategy.init_args.start_round={total}",
+                *seeded,
+            )
+            plug = fit(
+                args,
+                setup,
+                base,
+                out / "fedcog",
+                f"--trainer.max_steps={total}",
+                f"--ckpt_path={ckpt}",
+                start,
+                *seeded,
+            )
+            without.append(final_scalars(plain, keys))
+            with_.append(final_scalars(plug, keys))
+        rows.append((base, without, with_))
     paper = PAPER[column]
     head = " | ".join(f"{k} X | {k} X+FedCOG | Δ" for k in keys)
     paper_head = " | ".join(f"paper {k} X | paper {k} X+FedCOG" for k in keys)
@@ -151,11 +175,18 @@ def run_setup(args: argparse.Namespace, setup: str) -> str:
     ]
     for base, without, with_ in rows:
         ours = " | ".join(
-            f"{100 * without[k]:.2f} | {100 * with_[k]:.2f} | {100 * (with_[k] - without[k]):+.2f}"
+            f"{_stat([100 * r[k] for r in without])} | {_stat([100 * r[k] for r in with_])} "
+            f"| {_stat([100 * (b[k] - a[k]) for a, b in zip(without, with_)], sign=True)}"
             for k in keys
         )
         theirs = " | ".join(f"{paper[k][base][0]:.2f} | {paper[k][base][1]:.2f}" for k in keys)
         lines.append(f"| {NAMES[base]} | {ours} | {theirs} |")
+    if len(args.seeds) > 1:
+        lines += [
+            "",
+            f"Mean ± standard deviation over seeds {args.seeds} (split, initialisation, sampling); "
+            "Δ paired per seed.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +204,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: start_round)")
     parser.add_argument(
         "--extra_rounds", type=int, default=None, help="rounds after the warm-up (default: setup)"
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="seeds (split, init, sampling); >1 reports mean ± std",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "lightning_logs" / "recipes" / "fedcog")
     parser.add_argument("extra", nargs="*", help="further CLI overrides passed to every run (after --)")
