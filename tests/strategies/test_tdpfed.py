@@ -102,13 +102,7 @@ def test_factor_step_is_the_closed_form_gradient_step_on_theta():
 
 
 def test_factor_update_does_not_depend_on_the_batch():
-    model = cp_client()
-    strategy = TDPFed(factor_steps=5)
-    strategy.setup(model, 1)
-    worker = copy.deepcopy(model)
-    ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.01, strategy)
-    strategy.on_client_start(worker, ctx)
-    personal = ctx.scratch[SCRATCH]
+    strategy, worker, ctx, personal = factor_fit_setup(factor_steps=5)
     with torch.no_grad():
         for t in personal.theta.values():
             t.add_(0.1 * torch.randn_like(t))
@@ -285,10 +279,10 @@ def test_bad_arguments_name_the_field():
 
 
 # ------------------------------------------------------------------ spec §8 items 9, 10, 15, 16, 18
-def factor_fit_setup(target_rank=None, seed=0):
+def factor_fit_setup(target_rank=None, seed=0, **tdpfed):
     """A client at the round reset whose theta~ is replaced by ``[[B]]`` (rank ``target_rank``) or kept."""
     model = cp_client()
-    strategy = TDPFed(lam=2.0)
+    strategy = TDPFed(**{"lam": 2.0, **tdpfed})
     strategy.setup(model, 1)
     worker = copy.deepcopy(model)
     ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.01, strategy)
