@@ -254,9 +254,6 @@ class NaturalUsers(Partitioner):
             chosen = np.sort(rng.choice(len(sizes), size=num_clients, replace=False))
         return [np.arange(starts[u], starts[u + 1], dtype=np.int64) for u in chosen]
 
-    def _args(self) -> dict[str, object]:
-        return {"path": self.path}
-
 
 # ------------------------------------------------------------------------------------------ writing
 UserData = tuple[np.ndarray, Sequence[str]]

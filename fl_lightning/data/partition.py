@@ -484,7 +484,8 @@ class Partitioner:
         raise NotImplementedError
 
     def _args(self) -> dict[str, object]:
-        return {}
+        """The constructor arguments, which subclasses keep as public attributes of the same names."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
     def __repr__(self) -> str:
         # Skip the wrapper classes of jsonargparse's lazy_instance so the repr is stable.
@@ -520,9 +521,6 @@ class Dirichlet(Partitioner):
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return dirichlet_partition(labels, num_clients, self.alpha, rng, min_size=self.min_size)
 
-    def _args(self) -> dict[str, object]:
-        return {"alpha": self.alpha, "min_size": self.min_size}
-
 
 class Pathological(Partitioner):
     """Exactly ``classes_per_client`` classes per client, without replacement.
@@ -540,9 +538,6 @@ class Pathological(Partitioner):
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return pathological_partition(labels, num_clients, self.classes_per_client, rng)
-
-    def _args(self) -> dict[str, object]:
-        return {"classes_per_client": self.classes_per_client}
 
 
 class DirichletWithReplacement(Partitioner):
@@ -562,9 +557,6 @@ class DirichletWithReplacement(Partitioner):
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return dirichlet_with_replacement(labels, num_clients, self.alpha, rng)
 
-    def _args(self) -> dict[str, object]:
-        return {"alpha": self.alpha}
-
 
 class PathologicalWithReplacement(Partitioner):
     """``classes_per_client`` random classes per client, equal sizes, sampling with replacement.
@@ -582,9 +574,6 @@ class PathologicalWithReplacement(Partitioner):
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return pathological_with_replacement(labels, num_clients, self.classes_per_client, rng)
-
-    def _args(self) -> dict[str, object]:
-        return {"classes_per_client": self.classes_per_client}
 
 
 # ----------------------------------------------------------------------------------------- registry
