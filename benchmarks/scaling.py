@@ -20,13 +20,13 @@ budgeted one should not. Target: flat in the number of clients with a budget.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from fl_lightning.runs import latest_run, read_summary
 from fl_lightning.strategies import FedAvg
 
 HERE = Path(__file__).resolve().parent
@@ -56,7 +56,7 @@ def _fit(args: list[str], root: Path) -> dict:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
-    return json.loads(next((root / "lightning_logs").rglob("summary.json")).read_text())
+    return read_summary(latest_run(root))
 
 
 def speed(rounds: int) -> None:

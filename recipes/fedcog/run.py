@@ -30,6 +30,8 @@ from pathlib import Path
 
 import yaml
 
+from fl_lightning.runs import last_scalars, latest_run
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "fedcog"
 NAMES = {
@@ -93,17 +95,13 @@ def fit(args: argparse.Namespace, setup: str, base: str, root: Path, *overrides:
     ]
     print("$", " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    versions = sorted((root / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    return versions[-1]
+    return latest_run(root)
 
 
-def final_scalars(log_dir: Path, keys: list[str]) -> dict[str, float]:
-    """The last logged value of each ``global/<key>`` scalar of a TensorBoard log folder."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    return {k: events.Scalars(f"global/{k}")[-1].value for k in keys}
+def final_scalars(log_dir: Path, keys: list[str]) -> dict[str, float | None]:
+    """The last logged value of each ``global/<key>`` scalar of a run folder."""
+    values = last_scalars(log_dir, [f"global/{k}" for k in keys])
+    return {k: values[f"global/{k}"] for k in keys}
 
 
 def _stat(values: list[float], sign: bool = False) -> str:

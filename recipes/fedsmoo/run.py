@@ -13,11 +13,12 @@ mean round time (also relative to FedAvg) beside the paper's number for that Tab
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from fl_lightning.runs import latest_run, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "fedsmoo"
@@ -108,8 +109,7 @@ def run_method(method: str, args: argparse.Namespace, out: Path) -> dict:
     shown = ["python", *(c.replace(f"{ROOT}{os.sep}", "") for c in cmd[1:])]
     print("$", " ".join(shown), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    versions = sorted((root / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    return json.loads((versions[-1] / "summary.json").read_text())
+    return read_summary(latest_run(root))
 
 
 def paper_value(method: str, setup: str, clients200: bool) -> str:

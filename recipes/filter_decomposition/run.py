@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fl_lightning.runs import latest_run, read_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "filter_decomposition"
 
@@ -97,12 +99,9 @@ def fit(name: str, files: list[Path], overrides: list[str], args: argparse.Names
 
 def _summary(root: Path) -> dict:
     """The newest run's ``summary.json`` under ``root`` (with ``target`` when written)."""
-    versions = sorted(
-        (v for v in (root / "lightning_logs").glob("version_*") if (v / "summary.json").exists()),
-        key=lambda p: int(p.name.split("_")[1]),
-    )
-    summary = json.loads((versions[-1] / "summary.json").read_text())
-    target = versions[-1] / "target.json"
+    run = latest_run(root, with_summary=True)
+    summary = read_summary(run)
+    target = run / "target.json"
     if target.exists():
         summary["target"] = json.loads(target.read_text())
     return summary

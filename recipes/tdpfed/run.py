@@ -14,11 +14,12 @@ metric state) and writes a markdown table beside the paper's numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from fl_lightning.runs import last_scalars, latest_run, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "tdpfed"
@@ -103,17 +104,6 @@ def rows(table: str, dataset: str) -> list[tuple[str, str, str | None, float | N
     return out
 
 
-def personal_acc(version: Path) -> float | None:
-    """The last ``personal/acc`` of a run's TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(version), size_guidance={"scalars": 0})
-    acc.Reload()
-    if "personal/acc" not in acc.Tags().get("scalars", []):
-        return None
-    return acc.Scalars("personal/acc")[-1].value
-
-
 def run_row(config: Path, override: str | None, root: Path, args: argparse.Namespace) -> dict:
     """One ``fit`` run; returns its summary.json plus ``personal_acc``."""
     cmd = [sys.executable, "-m", "fl_lightning", "fit", "--config", str(config)]
@@ -127,9 +117,9 @@ def run_row(config: Path, override: str | None, root: Path, args: argparse.Names
     cmd += args.extra
     print("$", " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    versions = sorted((root / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    summary = json.loads((versions[-1] / "summary.json").read_text())
-    summary["personal_acc"] = personal_acc(versions[-1])
+    run = latest_run(root)
+    summary = read_summary(run)
+    summary["personal_acc"] = last_scalars(run, ["personal/acc"])["personal/acc"]
     return summary
 
 

@@ -1,0 +1,29 @@
+import json
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from fl_lightning.runs import last_scalars, latest_run, read_summary
+
+
+def test_latest_run_orders_versions_numerically_and_can_require_a_summary(tmp_path):
+    for n in (2, 10, 11):
+        (tmp_path / "lightning_logs" / f"version_{n}").mkdir(parents=True)
+    for n in (2, 10):
+        (tmp_path / "lightning_logs" / f"version_{n}" / "summary.json").write_text(json.dumps({"rounds": n}))
+    assert latest_run(tmp_path).name == "version_11"  # 11 > 10 > 2, not string order
+    finished = latest_run(tmp_path, with_summary=True)
+    assert finished.name == "version_10" and read_summary(finished) == {"rounds": 10}
+    with pytest.raises(FileNotFoundError, match="no run under"):
+        latest_run(tmp_path / "empty")
+
+
+def test_last_scalars_reads_the_last_value_and_none_for_missing_tags(tmp_path):
+    writer = SummaryWriter(str(tmp_path))
+    for step, value in enumerate([0.1, 0.5, 0.25]):
+        writer.add_scalar("global/acc", value, step)
+    writer.close()
+    assert last_scalars(tmp_path, ["global/acc", "personal/acc"]) == {
+        "global/acc": 0.25,
+        "personal/acc": None,
+    }
