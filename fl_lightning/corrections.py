@@ -1,15 +1,22 @@
 """Plain math of the drift-correcting strategies (SCAFFOLD, FedDyn, FedDC, FedCM, FedAdam).
 
-Every function works on one tensor (one parameter) at a time and returns a new tensor, except the
-``*_`` ones that edit a gradient in place. The strategies in :mod:`fl_lightning.strategies` hold the
-state and call these; the tests check them against hand-computed values.
+Each rule comes twice: on one tensor (one parameter; ``feddyn_gradient``), and on a whole parameter
+group as aligned lists (``feddyn_gradients``), computed with multi-tensor ``torch._foreach_*`` ops
+in the same order of float operations, so both give the same values bit for bit. The strategies use
+the list versions in their per-step hooks: a step then costs a few kernel launches whatever the number
+of parameter tensors, and no host sync. Functions return new tensors, except the ``*_`` ones that
+edit gradients in place. The strategies in :mod:`fl_lightning.strategies` hold the state and call
+these; the tests check them against hand-computed values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import torch
 from torch import Tensor, nn
+
+Tensors = Sequence[Tensor]
 
 
 def trainable_parameters(
@@ -28,6 +35,32 @@ def add_grad_(param: Tensor, term: Tensor) -> None:
         param.grad = term.detach().clone()
     else:
         param.grad.add_(term)
+
+
+@torch.no_grad()
+def add_grads_(params: Tensors, terms: Tensors) -> None:
+    """:func:`add_grad_` for aligned lists: one multi-tensor ``g_j += t_j`` (gradients None get ``t_j``)."""
+    grads = [p.grad for p in params]
+    if all(g is not None for g in grads):
+        torch._foreach_add_(grads, list(terms))
+        return
+    pairs = [(g, t) for g, t in zip(grads, terms, strict=True) if g is not None]
+    if pairs:
+        torch._foreach_add_([g for g, _ in pairs], [t for _, t in pairs])
+    for p, t in zip(params, terms):
+        if p.grad is None:
+            p.grad = t.detach().clone()
+
+
+def fill_missing(tensors: Sequence[Tensor | None], like: Tensors) -> list[Tensor] | None:
+    """``tensors`` with None entries replaced by zeros like ``like``; None if every entry is None.
+
+    For per-client state that is zero until a client is first sampled: the list versions take one
+    list or None (all zero), so a partial state is filled once per client, not per step.
+    """
+    if all(t is None for t in tensors):
+        return None
+    return [torch.zeros_like(x) if t is None else t for t, x in zip(tensors, like, strict=True)]
 
 
 def scaffold_control_update(
@@ -56,6 +89,20 @@ def feddyn_gradient(param: Tensor, anchor: Tensor, dual: Tensor | None, alpha: f
     return term if dual is None else term.sub_(dual)
 
 
+@torch.no_grad()
+def feddyn_gradients(params: Tensors, anchors: Tensors, duals: Tensors | None, alpha: float) -> list[Tensor]:
+    """:func:`feddyn_gradient` on aligned lists: ``alpha (w_j - w^t_j) - lambda_{i,j}`` for every j.
+
+    Acar et al. (2021), Alg. 1: the gradient of ``-<lambda_i, w> + alpha/2 ||w - w^t||^2``; ``duals``
+    None means ``lambda_i = 0``. Three multi-tensor ops.
+    """
+    terms = torch._foreach_sub(list(params), list(anchors))
+    torch._foreach_mul_(terms, alpha)
+    if duals is not None:
+        torch._foreach_sub_(terms, list(duals))
+    return terms
+
+
 def feddyn_dual_update(dual: Tensor | None, param: Tensor, anchor: Tensor, alpha: float) -> Tensor:
     """FedDyn client dual (Acar et al., 2021, Alg. 1): ``lambda_i <- lambda_i - alpha (w_i - w^t)``.
 
@@ -63,6 +110,22 @@ def feddyn_dual_update(dual: Tensor | None, param: Tensor, anchor: Tensor, alpha
     """
     step = (param.detach() - anchor).mul_(alpha)
     return step.neg_() if dual is None else dual - step
+
+
+@torch.no_grad()
+def feddyn_dual_updates(
+    duals: Tensors | None, params: Tensors, anchors: Tensors, alpha: float
+) -> list[Tensor]:
+    """:func:`feddyn_dual_update` on aligned lists: ``lambda_i <- lambda_i - alpha (w_i - w^t)``.
+
+    Returns new tensors; ``duals`` None means zero.
+    """
+    steps = torch._foreach_sub(list(params), list(anchors))
+    torch._foreach_mul_(steps, alpha)
+    if duals is None:
+        torch._foreach_neg_(steps)
+        return steps
+    return torch._foreach_sub(list(duals), steps)
 
 
 def feddc_gradient(
@@ -80,9 +143,50 @@ def feddc_gradient(
     return term if correction is None else term.add_(correction)
 
 
+@torch.no_grad()
+def feddc_gradients(
+    params: Tensors,
+    anchors: Tensors,
+    drifts: Tensors | None,
+    corrections: Tensors | None,
+    alpha: float,
+) -> list[Tensor]:
+    """:func:`feddc_gradient` on aligned lists: ``alpha (theta_j + h_{i,j} - w_j) + (c - c_i)_j``.
+
+    Gao et al. (2022), Sec. 3: the gradient of ``alpha/2 ||h_i + theta - w||^2 + <theta, c - c_i>``;
+    ``drifts`` or ``corrections`` None means zero. At most four multi-tensor ops.
+    """
+    terms = torch._foreach_sub(list(params), list(anchors))
+    if drifts is not None:
+        torch._foreach_add_(terms, list(drifts))
+    torch._foreach_mul_(terms, alpha)
+    if corrections is not None:
+        torch._foreach_add_(terms, list(corrections))
+    return terms
+
+
 def fedcm_direction_(grad: Tensor, momentum: Tensor, alpha: float) -> Tensor:
     """FedCM's client-level momentum in place (Xu et al., 2021): ``g <- alpha g + (1 - alpha) Delta``."""
     return grad.mul_(alpha).add_(momentum, alpha=1.0 - alpha)
+
+
+@torch.no_grad()
+def fedcm_directions_(params: Tensors, momenta: Tensors, alpha: float) -> None:
+    """:func:`fedcm_direction_` on the gradients of ``params``: ``g_j <- alpha g_j + (1 - alpha) Delta_j``.
+
+    Xu et al. (2021), Alg. 1; a parameter without a gradient (``g = 0``) gets ``(1 - alpha) Delta_j``.
+    Two multi-tensor ops.
+    """
+    grads = [p.grad for p in params]
+    present = [(g, m) for g, m in zip(grads, momenta, strict=True) if g is not None]
+    if present:
+        gs, ms = [g for g, _ in present], [m for _, m in present]
+        torch._foreach_mul_(gs, alpha)
+        torch._foreach_add_(gs, ms, alpha=1.0 - alpha)
+    if len(present) < len(grads):
+        for p, m in zip(params, momenta):
+            if p.grad is None:
+                p.grad = m.mul(1.0 - alpha)
 
 
 def adam_moments(delta: Tensor, m: Tensor, v: Tensor, betas: tuple[float, float]) -> tuple[Tensor, Tensor]:

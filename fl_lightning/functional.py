@@ -7,7 +7,7 @@ from the tensors of a payload, so it is the real traffic of the simulated protoc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -71,18 +71,27 @@ def load_tensors(module: nn.Module, tensors: Mapping[str, Tensor]) -> None:
 def proximal_term(module: nn.Module, reference: Mapping[str, Tensor]) -> Tensor:
     """``1/2 * sum_j ||w_j - w_ref_j||^2`` over the module's parameters named in ``reference``.
 
-    The FedProx local term (Li et al., 2020, eq. 2) is ``mu`` times this value.
+    The FedProx local term (Li et al., 2020, eq. 2) is ``mu`` times this value. Pairs the parameters
+    with the reference by name, then :func:`proximal_terms`.
     """
-    total: Tensor | None = None
-    for name, param in module.named_parameters():
-        ref = reference.get(name)
-        if ref is None or not param.requires_grad:
-            continue
-        sq = (param - ref).pow(2).sum()
-        total = sq if total is None else total + sq
-    if total is None:
+    pairs = [(p, reference[n]) for n, p in module.named_parameters() if p.requires_grad and n in reference]
+    if not pairs:
         return torch.zeros((), device=next(module.parameters()).device)
-    return 0.5 * total
+    return proximal_terms([p for p, _ in pairs], [r for _, r in pairs])
+
+
+def proximal_terms(params: Sequence[Tensor], reference: Sequence[Tensor]) -> Tensor:
+    """``1/2 * sum_j ||w_j - w_ref_j||^2`` for aligned lists, differentiable in ``params``.
+
+    Multi-tensor ops (one subtraction, one norm per group; autograd supports both), so the term costs
+    the same few kernels per step whatever the number of parameter tensors: ``1/2 sum_j n_j^2`` with
+    ``n_j = ||w_j - w_ref_j||`` (the gradient ``w - w_ref`` at distance 0 is exactly 0).
+    """
+    if not params:
+        return torch.zeros(())
+    refs = [r.detach() if r.requires_grad else r for r in reference]
+    diffs = torch._foreach_sub(list(params), refs)
+    return 0.5 * torch.stack(torch._foreach_norm(diffs, 2)).square().sum()
 
 
 def accumulate(acc: dict[str, Tensor], tensors: Mapping[str, Tensor], weight: float) -> None:
@@ -91,11 +100,13 @@ def accumulate(acc: dict[str, Tensor], tensors: Mapping[str, Tensor], weight: fl
     Streaming weighted sums keep one model-sized buffer per group however many clients a round
     has, and a sum is what a collective ``all_reduce`` combines across processes.
     """
-    for name, t in tensors.items():
-        if name in acc:
-            acc[name].add_(t.detach(), alpha=weight)
-        else:
-            acc[name] = t.detach().mul(weight)
+    with torch.no_grad():
+        known = [n for n in tensors if n in acc]
+        if known:  # one multi-tensor op for the entries already summed
+            torch._foreach_add_([acc[n] for n in known], [tensors[n] for n in known], alpha=weight)
+        for name, t in tensors.items():
+            if name not in acc:
+                acc[name] = t.detach().mul(weight)
 
 
 def pseudo_gradient(global_params: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -108,5 +119,24 @@ def pseudo_gradient(global_params: Mapping[str, Tensor], target: Mapping[str, Te
 
 
 def all_finite(payload: Mapping[str, Mapping[str, Tensor]]) -> bool:
-    """True when every tensor of a payload is finite (no NaN or Inf)."""
-    return all(bool(torch.isfinite(t).all()) for group in payload.values() for t in group.values())
+    """True when every tensor of a payload is finite (no NaN or Inf).
+
+    One host sync for the whole payload: ``0 * t`` is 0 where ``t`` is finite and NaN where it is not,
+    so the L1 norms of ``0 * t_j`` (multi-tensor ops, no overflow possible) are all 0 exactly when
+    the payload is finite; they are reduced on the device and only the final flag is read back.
+    """
+    tensors = [t for group in payload.values() for t in group.values() if t.is_floating_point()]
+    if not tensors:
+        return True
+    groups = _by_device(tensors).values()
+    norms = [n for ts in groups for n in torch._foreach_norm(torch._foreach_mul(ts, 0.0), 1)]
+    if len({n.device for n in norms}) > 1:
+        norms = [n.cpu() for n in norms]
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
+def _by_device(tensors: list[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return groups

@@ -35,6 +35,7 @@ from fl_lightning.functional import (
     seed_rng,
 )
 from fl_lightning.metrics import TaskMetrics
+from fl_lightning.sam import clip_grads_
 from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def _local_steps(
             strategy.on_before_optimizer_step(worker, optimizer, ctx)
             worker.on_before_optimizer_step(optimizer)
             if config.grad_clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, config.grad_clip_norm)
+                clip_grads_(params, config.grad_clip_norm)
             return loss
 
         if scaler is not None:

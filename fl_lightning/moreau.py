@@ -41,8 +41,15 @@ SCRATCH = "moreau"
 
 
 def squared_distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
-    """``sum_n ||a_n - b_n||^2`` over the keys of ``a``."""
-    return sum((t - b[n]).pow(2).sum() for n, t in a.items())
+    """``sum_n ||a_n - b_n||^2`` over the keys of ``a``, differentiable in both.
+
+    Multi-tensor ops (one subtraction, one norm per group, then ``sum_n norm_n^2``), so the term costs
+    the same few kernels per step whatever the number of tensors.
+    """
+    if not a:
+        return torch.zeros(())
+    diffs = torch._foreach_sub(list(a.values()), [b[n] for n in a])
+    return torch.stack(torch._foreach_norm(diffs, 2)).square().sum()
 
 
 def fit_loss(
@@ -192,10 +199,10 @@ class MoreauEnvelope(Strategy):
         params = [q for q in module.parameters() if q.requires_grad]
         loss = fit_loss(module, personal.theta, self.lam, personal.view)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
-        with torch.no_grad():
-            for q, g in zip(params, grads):
-                if g is not None:
-                    q.sub_(g, alpha=ctx.lr)
+        pairs = [(q, g) for q, g in zip(params, grads) if g is not None]
+        if pairs:
+            with torch.no_grad():  # one multi-tensor step
+                torch._foreach_add_([q for q, _ in pairs], [g for _, g in pairs], alpha=-ctx.lr)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         p: PersonalModel = ctx.scratch[SCRATCH]

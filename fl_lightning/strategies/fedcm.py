@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import fedcm_direction_, trainable_parameters
+from fl_lightning.corrections import fedcm_directions_, trainable_parameters
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional import Payload
 from fl_lightning.strategies import register_strategy
@@ -71,16 +71,13 @@ class FedCM(Strategy):
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
         direction = ctx.message["momentum"]
-        ctx.scratch[_TERMS] = [(p, direction[n]) for n, p in trainable_parameters(module, direction).items()]
+        named = trainable_parameters(module, direction)
+        ctx.scratch[_TERMS] = (list(named.values()), [direction[n] for n in named])
 
     def on_before_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        for p, direction in ctx.scratch[_TERMS]:
-            if p.grad is None:
-                p.grad = direction.mul(1.0 - self.alpha)
-            else:
-                fedcm_direction_(p.grad, direction, self.alpha)
+        fedcm_directions_(*ctx.scratch[_TERMS], self.alpha)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)

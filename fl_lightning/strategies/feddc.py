@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import add_grad_, feddc_gradient, trainable_parameters
+from fl_lightning.corrections import add_grads_, feddc_gradients, fill_missing, trainable_parameters
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional import Payload
 from fl_lightning.strategies import register_strategy
@@ -17,6 +17,7 @@ from fl_lightning.strategies.scaffold import TERMS, Scaffold
 
 #: ``ctx.state`` prefix of the client's local drift ``h_i`` (one entry per trainable parameter).
 DRIFT = "drift/"
+_LISTS = "feddc/anchors_drifts"
 
 
 @register_strategy
@@ -69,20 +70,27 @@ class FedDC(Scaffold):
         self.drift = TensorBuffers.zeros_like({n: p.detach() for n, p in trainable_parameters(model).items()})
 
     # ------------------------------------------------------------------------------ client side
+    def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
+        super().on_client_start(module, ctx)
+        names, params, _ = ctx.scratch[TERMS]
+        anchors = [ctx.message["weights"][n] for n in names]
+        ctx.scratch[_LISTS] = (anchors, fill_missing([ctx.state.get(DRIFT + n) for n in names], params))
+
     def on_before_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        anchor = ctx.message["weights"]
-        for name, p, correction in ctx.scratch[TERMS]:
-            add_grad_(p, feddc_gradient(p, anchor[name], ctx.state.get(DRIFT + name), correction, self.alpha))
+        _, params, corrections = ctx.scratch[TERMS]
+        anchors, drifts = ctx.scratch[_LISTS]
+        add_grads_(params, feddc_gradients(params, anchors, drifts, corrections, self.alpha))
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)  # c_i+ (option II) and Delta c_i
-        anchor = ctx.message["weights"]
-        for name, p, _ in ctx.scratch[TERMS]:
-            old = ctx.state.get(DRIFT + name)
-            step = p.detach() - anchor[name]
-            ctx.state[DRIFT + name] = step if old is None else old + step
+        names, params, _ = ctx.scratch[TERMS]
+        anchors, drifts = ctx.scratch[_LISTS]
+        with torch.no_grad():
+            steps = torch._foreach_sub(params, anchors)  # h_i <- h_i + (theta_i - w)
+            new = steps if drifts is None else torch._foreach_add(drifts, steps)
+        ctx.state.update({DRIFT + n: h for n, h in zip(names, new)})
         return payload
 
     # ------------------------------------------------------------------------------ server side

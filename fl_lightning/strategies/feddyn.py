@@ -8,7 +8,13 @@ import torch
 from torch import nn
 
 from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import add_grad_, feddyn_dual_update, feddyn_gradient, trainable_parameters
+from fl_lightning.corrections import (
+    add_grads_,
+    feddyn_dual_updates,
+    feddyn_gradients,
+    fill_missing,
+    trainable_parameters,
+)
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional import Payload, load_tensors
 from fl_lightning.strategies import register_strategy
@@ -74,21 +80,23 @@ class FedDyn(Strategy):
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
         anchor = ctx.message["weights"]
-        ctx.scratch[_TERMS] = [
-            (name, p, anchor[name], ctx.state.get(DUAL + name))
-            for name, p in trainable_parameters(module, anchor).items()
-        ]
+        named = trainable_parameters(module, anchor)
+        params = list(named.values())
+        duals = fill_missing([ctx.state.get(DUAL + n) for n in named], params)
+        # aligned lists, built once per client and round: each step is a few multi-tensor ops
+        ctx.scratch[_TERMS] = (list(named), params, [anchor[n] for n in named], duals)
 
     def on_before_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        for _, p, anchor, dual in ctx.scratch[_TERMS]:
-            add_grad_(p, feddyn_gradient(p, anchor, dual, self.alpha))
+        _, params, anchors, duals = ctx.scratch[_TERMS]
+        add_grads_(params, feddyn_gradients(params, anchors, duals, self.alpha))
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)
-        for name, p, anchor, dual in ctx.scratch[_TERMS]:
-            ctx.state[DUAL + name] = feddyn_dual_update(dual, p, anchor, self.alpha)
+        names, params, anchors, duals = ctx.scratch[_TERMS]
+        new = feddyn_dual_updates(duals, params, anchors, self.alpha)
+        ctx.state.update({DUAL + n: d for n, d in zip(names, new)})
         return payload
 
     # ------------------------------------------------------------------------------ server side

@@ -6,10 +6,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from fl_lightning.corrections import trainable_parameters
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import proximal_term
+from fl_lightning.functional import proximal_terms
 from fl_lightning.strategies import register_strategy
 from fl_lightning.strategies.base import ClientContext, Strategy
+
+_TERMS = "fedprox/terms"
 
 
 @register_strategy
@@ -38,10 +41,20 @@ class FedProx(Strategy):
             )
         self.mu = mu
 
+    def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
+        super().on_client_start(module, ctx)
+        anchor = ctx.message["weights"]
+        named = trainable_parameters(module, anchor)
+        ctx.scratch[_TERMS] = (list(named.values()), [anchor[n] for n in named])
+
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
         if self.mu == 0:
             return None
-        return self.mu * proximal_term(module, ctx.message["weights"])
+        terms = ctx.scratch.get(_TERMS)
+        if terms is None:  # a context built outside the round loop
+            named = trainable_parameters(module, ctx.message["weights"])
+            terms = (list(named.values()), [ctx.message["weights"][n] for n in named])
+        return self.mu * proximal_terms(*terms)
 
     def extra_repr(self) -> str:
         return f"mu={self.mu}, server_lr={self.server_lr}"

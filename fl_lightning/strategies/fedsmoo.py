@@ -19,6 +19,7 @@ from fl_lightning.strategies.feddyn import FedDyn
 MU = "fedsmoo/mu/"
 LAST = "fedsmoo/last_offsets"
 GROUP = "perturbation"
+_LISTS = "fedsmoo/lists"
 
 
 @register_strategy
@@ -104,37 +105,44 @@ class FedSMOO(SharpnessAware, FedDyn):
         return {**super().message(model, client_id, round), GROUP: self.perturbation.as_dict()}
 
     # ---------------------------------------------------------------------------------- client side
+    def _duals(self, ctx: ClientContext, names: list[str]) -> tuple[list[Tensor], list[Tensor]]:
+        """``(mu_i, s)`` as lists aligned with ``names``, built once per client and round.
+
+        ``mu_i`` starts at zero for a client never sampled (materialised in ``ctx.state``, updated in
+        place at every step). Rebuilt only if a step hands over another list of names (a parameter
+        without a gradient in that step's first pass).
+        """
+        cached = ctx.scratch.get(_LISTS)
+        if cached is not None and cached[0] is names:
+            return cached[1], cached[2]
+        s = [ctx.message[GROUP][n] for n in names]
+        for n, t in zip(names, s):
+            if MU + n not in ctx.state:
+                ctx.state[MU + n] = torch.zeros_like(t)
+        mu = [ctx.state[MU + n] for n in names]
+        ctx.scratch[_LISTS] = (names, mu, s)
+        return mu, s
+
+    @torch.no_grad()
     def ascent_direction(
         self, module: nn.Module, ctx: ClientContext, names: list[str], grads: Grads
     ) -> Grads:
-        s = ctx.message[GROUP]
-        out: Grads = []
-        for n, g in zip(names, grads):
-            mu = ctx.state.get(MU + n)
-            if g is None:
-                out.append(None)
-            elif mu is None:
-                out.append(g - s[n])
-            else:
-                out.append(g - (mu + s[n]))
-        return out
+        mu, s = self._duals(ctx, names)
+        return torch._foreach_sub(grads, torch._foreach_add(mu, s))  # d = g - (mu_i + s)
 
+    @torch.no_grad()
     def on_perturbation(
         self, module: nn.Module, ctx: ClientContext, names: list[str], offsets: Grads
     ) -> None:
-        s = ctx.message[GROUP]
-        for n, e in zip(names, offsets):
-            if e is None:
-                continue
-            mu = ctx.state.get(MU + n)
-            step = e - s[n]
-            ctx.state[MU + n] = step if mu is None else mu.add_(step)
-        ctx.scratch[LAST] = dict(zip(names, offsets))
+        mu, s = self._duals(ctx, names)
+        torch._foreach_add_(mu, torch._foreach_sub(offsets, s))  # mu_i <- mu_i + (s_hat - s), line 9
+        ctx.scratch[LAST] = (names, offsets)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         up = super().upload(module, ctx)
         names = ctx.scratch[SAM_PARAMS][1] if SAM_PARAMS in ctx.scratch else list(ctx.message[GROUP])
-        last = ctx.scratch.get(LAST, {})
+        last_names, last_offsets = ctx.scratch.get(LAST, ([], []))
+        last = dict(zip(last_names, last_offsets))
         s_tilde: dict[str, Tensor] = {}
         for n in names:
             mu = ctx.state.get(MU + n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from fl_lightning.errors import ConfigError
@@ -10,7 +11,7 @@ from fl_lightning.strategies import register_strategy
 from fl_lightning.strategies.base import ClientContext
 from fl_lightning.strategies.feddyn import FedDyn
 
-FIRST = "fedspeed/first_grads"
+FIRST = "fedspeed/first_grads"  # buffers holding g_1 of the current step
 
 
 @register_strategy
@@ -68,19 +69,25 @@ class FedSpeed(SharpnessAware, FedDyn):
         self.sam_weight = sam_weight
         self.clip_norm = clip_norm
 
+    @torch.no_grad()
     def ascent_direction(
         self, module: nn.Module, ctx: ClientContext, names: list[str], grads: Grads
     ) -> Grads:
-        if self.sam_weight != 1.0:
-            ctx.scratch[FIRST] = [None if g is None else g.clone() for g in grads]
+        if self.sam_weight != 1.0:  # keep g_1 for the mix: copied into buffers reused at every step
+            cached = ctx.scratch.get(FIRST)
+            if cached is None or cached[0] is not names:
+                cached = ctx.scratch[FIRST] = (names, [torch.empty_like(g) for g in grads])
+            torch._foreach_copy_(cached[1], grads)
         return grads
 
+    @torch.no_grad()
     def on_restored(self, module: nn.Module, ctx: ClientContext, params: list[Tensor]) -> None:
         if self.sam_weight == 1.0:
             return
-        for p, g1 in zip(params, ctx.scratch.pop(FIRST)):
-            if p.grad is not None and g1 is not None:
-                p.grad.mul_(self.sam_weight).add_(g1, alpha=1.0 - self.sam_weight)
+        pairs = [(p.grad, g1) for p, g1 in zip(params, ctx.scratch[FIRST][1]) if p.grad is not None]
+        grads, first = [g for g, _ in pairs], [g1 for _, g1 in pairs]
+        torch._foreach_mul_(grads, self.sam_weight)  # g~ = a g_2 + (1 - a) g_1
+        torch._foreach_add_(grads, first, alpha=1.0 - self.sam_weight)
 
     def extra_repr(self) -> str:
         return (

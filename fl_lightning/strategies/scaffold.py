@@ -8,14 +8,14 @@ import torch
 from torch import nn
 
 from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import add_grad_, scaffold_control_update, trainable_parameters
+from fl_lightning.corrections import add_grads_, fill_missing, scaffold_control_update, trainable_parameters
 from fl_lightning.functional import Payload
 from fl_lightning.strategies import register_strategy
 from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy
 
 #: ``ctx.state`` prefix of the client control variate ``c_i`` (one entry per trainable parameter).
 CONTROL = "control/"
-#: ``ctx.scratch`` key of the round's ``(name, parameter, c - c_i)`` triples.
+#: ``ctx.scratch`` key of the round's aligned lists ``(names, parameters, c - c_i)``.
 TERMS = "scaffold/terms"
 
 
@@ -63,23 +63,24 @@ class Scaffold(Strategy):
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
         c = ctx.message["control"]
-        terms = []
-        for name, p in trainable_parameters(module, c).items():
-            c_i = ctx.state.get(CONTROL + name)
-            terms.append((name, p, c[name] if c_i is None else c[name] - c_i))
-        ctx.scratch[TERMS] = terms
+        named = trainable_parameters(module, c)
+        server = [c[n] for n in named]
+        client = fill_missing([ctx.state.get(CONTROL + n) for n in named], server)
+        corrections = server if client is None else torch._foreach_sub(server, client)
+        ctx.scratch[TERMS] = (list(named), list(named.values()), corrections)
 
     def on_before_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        for _, p, correction in ctx.scratch[TERMS]:
-            add_grad_(p, correction)
+        _, params, corrections = ctx.scratch[TERMS]
+        add_grads_(params, corrections)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)
         c, x = ctx.message["control"], ctx.message["weights"]
         delta = {}
-        for name, p, _ in ctx.scratch[TERMS]:
+        names, params, _ = ctx.scratch[TERMS]
+        for name, p in zip(names, params):
             old = ctx.state.get(CONTROL + name)
             new = scaffold_control_update(old, c[name], x[name], p.detach(), ctx.num_steps, ctx.lr)
             delta[name] = new if old is None else new - old
