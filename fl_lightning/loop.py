@@ -135,6 +135,19 @@ class LocalConfig:
     lr_decay: float = 1.0
     grad_clip_norm: float | None = None
     seed: int = 0
+    compile: bool | str = False
+
+    def compile_mode(self, device: torch.device) -> str | None:
+        """The ``torch.compile`` mode of the clients' forward pass (None: eager).
+
+        ``True`` is ``"reduce-overhead"`` (CUDA graphs: one launch per step instead of one per kernel)
+        on a CUDA device and ``"default"`` elsewhere; a string is the mode itself.
+        """
+        if self.compile is False:
+            return None
+        if self.compile is True:
+            return "reduce-overhead" if device.type == "cuda" else "default"
+        return str(self.compile)
 
     def num_steps(self, data: ClientData) -> int:
         if self.local_steps is not None:
@@ -170,6 +183,7 @@ def train_client(
     with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
         seed_rng(seed, device)
         generator = torch.Generator().manual_seed(seed)
+        compile_worker(worker, config.compile_mode(device))
         load_tensors(worker, message.get("weights", {}))
         state = {k: v.to(device) for k, v in state.items()}
         num_steps = config.num_steps(data)
@@ -196,6 +210,22 @@ def train_client(
     return ClientResult(
         cid, upload, ctx.state, data.num_samples, metrics, payload_bytes(message), payload_bytes(upload)
     )
+
+
+def compile_worker(worker: nn.Module, mode: str | None) -> None:
+    """Compile ``worker``'s network once (``nn.Module.compile``: state-dict names unchanged); no-op if done.
+
+    The forward pass (and with it the backward, through AOTAutograd) of the network the client
+    trains is compiled, not the step: the strategy hooks, closures and optimizer stay eager, so
+    every strategy works unchanged. The worker is reused for every client of the run and weights
+    are loaded into it in place, so the compiled code (and with ``"reduce-overhead"`` its CUDA
+    graphs, recorded for the parameters' fixed addresses) stays valid across clients and rounds.
+    """
+    if mode is None or getattr(worker, "_fl_compile_mode", None) == mode:
+        return
+    net = getattr(worker, "net", worker)
+    net.compile(mode=mode)
+    worker._fl_compile_mode = mode
 
 
 def _local_steps(

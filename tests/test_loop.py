@@ -1,4 +1,5 @@
 import math
+import shutil
 
 import pytest
 import torch
@@ -102,3 +103,27 @@ def test_aggregator_weights_by_samples_or_uniformly():
     assert means["weights"]["w"].item() == pytest.approx(2.0)
     assert means["control"]["c"].item() == pytest.approx(3.0)
     assert agg.totals == {"weights": 4.0, "control": 2.0}
+
+
+def test_compile_is_validated_and_resolved_per_device():
+    with pytest.raises(ConfigError, match="model.compile"):
+        make_module(compile="fast")
+    from fl_lightning.loop import LocalConfig
+
+    assert LocalConfig(8).compile_mode(torch.device("cpu")) is None
+    assert LocalConfig(8, compile=True).compile_mode(torch.device("cpu")) == "default"
+    assert LocalConfig(8, compile=True).compile_mode(torch.device("cuda")) == "reduce-overhead"
+    assert LocalConfig(8, compile="max-autotune").compile_mode(torch.device("cpu")) == "max-autotune"
+
+
+@pytest.mark.slow
+def test_compiled_local_steps_match_eager(fit):
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
+    eager, compiled = make_module(FedAvg()), make_module(FedAvg(), compile=True)
+    fit(eager, rounds=2)
+    fit(compiled, rounds=2)
+    assert getattr(compiled.worker, "_fl_compile_mode", None) == "default"  # compiled once, kept
+    a, b = global_weights(eager), global_weights(compiled)
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)
+    assert any(not torch.equal(a[k], global_weights(make_module(FedAvg()))[k]) for k in a)  # it trained
