@@ -16,19 +16,16 @@ the work is the same (they agree to float rounding: the server step is w - (w - 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 import warnings
 
 import torch
-import torch.nn.functional as F
+from common import hand_written_fedavg
 from lightning.pytorch import Trainer
 
 from fl_lightning.client import ClientModule
 from fl_lightning.data import Dirichlet, FederatedDataModule
-from fl_lightning.functional import derive_seed
-from fl_lightning.loop import _CLIENT_STREAM
 from fl_lightning.models import SmallCNN
 from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg
@@ -54,35 +51,10 @@ def initial_net(args: argparse.Namespace) -> SmallCNN:
 def plain(args: argparse.Namespace, dm: FederatedDataModule) -> tuple[float, list[float], SmallCNN]:
     """FedAvg written by hand; returns (total seconds, per-round seconds, final model)."""
     start = time.perf_counter()
-    global_net = initial_net(args)
-    worker = copy.deepcopy(global_net)
-    rounds = []
-    for r in range(args.rounds):
-        t0 = time.perf_counter()
-        sums = {k: torch.zeros_like(v) for k, v in global_net.state_dict().items()}
-        total = 0
-        for client in dm.clients:
-            worker.load_state_dict(global_net.state_dict())
-            opt = torch.optim.SGD(worker.parameters(), lr=args.lr, momentum=args.momentum)
-            gen = torch.Generator().manual_seed(derive_seed(0, _CLIENT_STREAM, r, client.client_id))
-            n, steps = client.num_samples, 0
-            while steps < args.local_steps:
-                order = client.train_idx[torch.randperm(n, generator=gen)]
-                for s in range(0, n, args.batch_size):
-                    idx = order[s : s + args.batch_size]
-                    opt.zero_grad()
-                    F.cross_entropy(worker(client.x[idx]), client.y[idx]).backward()
-                    opt.step()
-                    steps += 1
-                    if steps == args.local_steps:
-                        break
-            with torch.no_grad():
-                for k, v in worker.state_dict().items():
-                    sums[k].add_(v, alpha=n)
-            total += n
-        global_net.load_state_dict({k: v / total for k, v in sums.items()})
-        rounds.append(time.perf_counter() - t0)
-    return time.perf_counter() - start, rounds, global_net
+    _, rounds, net = hand_written_fedavg(
+        initial_net(args), dm.clients, args.rounds, args.local_steps, args.batch_size, args.lr, args.momentum
+    )
+    return time.perf_counter() - start, rounds, net
 
 
 def framework(args: argparse.Namespace, dm: FederatedDataModule) -> tuple[float, list[float], SmallCNN]:
