@@ -148,3 +148,29 @@ def test_the_counter_sees_a_loop_over_tensors():
     small = _calls_per_run(lambda: Looping(alpha=0.1), depth=1)
     large = _calls_per_run(lambda: Looping(alpha=0.1), depth=7)
     assert large["add_"] > small["add_"] > 0
+
+
+def test_list_rules_equal_the_per_tensor_rules_bit_for_bit():
+    from fl_lightning import corrections as c
+    from fl_lightning.sam import clip_grads_
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    w, a, d, h, k = ([torch.randn(s, generator=g) for s in shapes] for _ in range(5))
+    for got, want in zip(
+        c.feddyn_gradients(w, a, d, 0.1), [c.feddyn_gradient(*x, 0.1) for x in zip(w, a, d)]
+    ):
+        assert torch.equal(got, want)
+    for got, want in zip(
+        c.feddyn_dual_updates(d, w, a, 0.1), [c.feddyn_dual_update(*x, 0.1) for x in zip(d, w, a)]
+    ):
+        assert torch.equal(got, want)
+    want = [c.feddc_gradient(*x, 0.1) for x in zip(w, a, h, k)]
+    assert all(torch.equal(x, y) for x, y in zip(c.feddc_gradients(w, a, h, k, 0.1), want))
+    params = [torch.nn.Parameter(t.clone()) for t in w]
+    reference = [torch.nn.Parameter(t.clone()) for t in w]
+    for p, q, t in zip(params, reference, d):
+        p.grad, q.grad = t.clone() * 50, t.clone() * 50
+    clip_grads_(params, 1.0)
+    torch.nn.utils.clip_grad_norm_(reference, 1.0)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(params, reference))
