@@ -68,20 +68,24 @@ def load_tensors(module: nn.Module, tensors: Mapping[str, Tensor]) -> None:
         state[name].data.copy_(value)
 
 
-def proximal_term(module: nn.Module, reference: Mapping[str, Tensor]) -> Tensor:
+def proximal_term(module: nn.Module | Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> Tensor:
     """``1/2 * sum_j ||w_j - w_ref_j||^2`` over the module's parameters named in ``reference``.
 
-    The FedProx local term (Li et al., 2020, eq. 2) is ``mu`` times this value.
+    The FedProx local term (Li et al., 2020, eq. 2) is ``mu`` times this value; Ditto's personal term
+    (Li et al., 2021, eq. 2) is ``lambda`` times it with ``module`` a dict of personal tensors.
     """
+    named = module.named_parameters() if isinstance(module, nn.Module) else module.items()
     total: Tensor | None = None
-    for name, param in module.named_parameters():
+    device = None
+    for name, param in named:
+        device = param.device
         ref = reference.get(name)
         if ref is None or not param.requires_grad:
             continue
         sq = (param - ref).pow(2).sum()
         total = sq if total is None else total + sq
     if total is None:
-        return torch.zeros((), device=next(module.parameters()).device)
+        return torch.zeros((), device=device)
     return 0.5 * total
 
 
