@@ -85,11 +85,10 @@ class Ditto(Strategy):
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
         params = {n for n, _ in module.named_parameters()}
+        initial = self.initial.as_dict()
         personal: dict[str, Tensor] = {}
         for name, t in module.state_dict().items():
-            start = ctx.state.get(DITTO + name)
-            if start is None:
-                start = self.initial[name] if name in self.initial else t
+            start = ctx.state.get(DITTO + name, initial.get(name, t))
             personal[name] = start.detach().clone().to(t.device).requires_grad_(name in params)
         ctx.scratch["ditto"] = _Personal(personal)
 
@@ -112,7 +111,9 @@ class Ditto(Strategy):
                 "bypasses; use trainer.precision 32 or bf16-mixed"
             )
         floating = set(shared_state(module))
-        ctx.state.update({DITTO + n: t.detach().clone() for n, t in personal.tensors.items() if n in floating})
+        ctx.state.update(
+            {DITTO + n: t.detach().clone() for n, t in personal.tensors.items() if n in floating}
+        )
         return super().upload(module, ctx)
 
     def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
@@ -131,7 +132,9 @@ class _Personal:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps = 0
 
-    def step(self, module: nn.Module, batch: Any, reference: Mapping[str, Tensor], lam: float, lr: float) -> None:
+    def step(
+        self, module: nn.Module, batch: Any, reference: Mapping[str, Tensor], lam: float, lr: float
+    ) -> None:
         """One SGD step on ``h_k(v; w^t)`` for the batch; leaves the global RNG as it was."""
         if self.optimizer is None:
             self.optimizer = torch.optim.SGD(
