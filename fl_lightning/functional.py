@@ -68,15 +68,17 @@ def load_tensors(module: nn.Module, tensors: Mapping[str, Tensor]) -> None:
         state[name].data.copy_(value)
 
 
-def proximal_term(module: nn.Module, reference: Mapping[str, Tensor]) -> Tensor:
+def proximal_term(module: nn.Module | Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> Tensor:
     """``1/2 * sum_j ||w_j - w_ref_j||^2`` over the module's parameters named in ``reference``.
 
-    The FedProx local term (Li et al., 2020, eq. 2) is ``mu`` times this value. Pairs the parameters
-    with the reference by name, then :func:`proximal_terms`.
+    The FedProx local term (Li et al., 2020, eq. 2) is ``mu`` times this value; Ditto's personal term
+    (Li et al., 2021, eq. 2) is ``lambda`` times it with ``module`` a dict of personal tensors. Pairs the
+    parameters with the reference by name, then :func:`proximal_terms`.
     """
-    pairs = [(p, reference[n]) for n, p in module.named_parameters() if p.requires_grad and n in reference]
+    named = list(module.named_parameters() if isinstance(module, nn.Module) else module.items())
+    pairs = [(p, reference[n]) for n, p in named if p.requires_grad and n in reference]
     if not pairs:
-        return torch.zeros((), device=next(module.parameters()).device)
+        return torch.zeros((), device=named[0][1].device if named else None)
     return proximal_terms([p for p, _ in pairs], [r for _, r in pairs])
 
 

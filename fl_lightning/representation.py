@@ -29,12 +29,14 @@ stores one copy.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+
+from fl_lightning.errors import ConfigError
 
 PREVIOUS = "previous/"
 
@@ -56,6 +58,53 @@ def last_linear(module: nn.Module) -> nn.Linear:
             "input of the last linear layer as the representation"
         )
     return layer
+
+
+def linear_layer_names(module: nn.Module) -> list[str]:
+    """Module names of every ``nn.Linear`` of ``module`` in registration order (last: the classifier)."""
+    return [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+
+
+def head_names(module: nn.Module, head: int | Sequence[str] = 1, field: str = "head") -> set[str]:
+    """State entries of a network's **head**; the rest is its body (representation ``h``).
+
+    Head/body splits of personalised FL (FedPer, FedRep, LG-FedAvg): the head is the classifier on top
+    of the representation defined above. ``head`` is either a count ``n >= 1``, the last ``n``
+    ``nn.Linear`` layers (1: the classifier; FedRep's code, CIFAR CNN: ``fc3``), or module names (or
+    prefixes of state entry names) such as ``["net.classifier"]``.
+
+    Args:
+        module: The model (the names are those of its ``state_dict()``).
+        head: Count of last linear layers, or module names.
+        field: The config field named in errors (``model.strategy.<field>``).
+
+    Returns:
+        Names of the floating-point state entries (parameters and float buffers) in the head.
+
+    Raises:
+        ConfigError: If the count exceeds the model's linear layers or a name matches no entry.
+    """
+    linear = linear_layer_names(module)
+    if isinstance(head, int):
+        if not 1 <= head <= len(linear):
+            raise ConfigError(
+                f"model.strategy.{field}={head} must count 1..{len(linear)} last nn.Linear "
+                f"layers of {type(module).__name__} ({', '.join(linear) or 'none'}), or list module names"
+            )
+        prefixes = linear[len(linear) - head :]
+    else:
+        prefixes = list(head)
+    names = {n for n, t in module.state_dict().items() if t.is_floating_point()}
+    chosen: set[str] = set()
+    for prefix in prefixes:
+        match = {n for n in names if n == prefix or n.startswith(prefix + ".")}
+        if not match:
+            raise ConfigError(
+                f"model.strategy.{field}: {prefix!r} names no entry of the model; use module "
+                f"names such as {', '.join(linear) or sorted(names)[:3]} or a count of last linear layers"
+            )
+        chosen |= match
+    return chosen
 
 
 class FeatureTap:
@@ -200,7 +249,9 @@ __all__ = [
     "features_of",
     "frozen",
     "frozen_forward",
+    "head_names",
     "last_linear",
+    "linear_layer_names",
     "model_contrastive_loss",
     "previous_model",
     "save_previous_model",

@@ -46,6 +46,11 @@ def test_proximal_term_is_half_squared_distance():
     assert proximal_term(lin, {}).item() == 0.0
     proximal_term(lin, ref).backward()
     assert torch.equal(lin.weight.grad, torch.tensor([[1.0, 2.0]]))
+    # a dict of tensors (Ditto's personal model): the same value over the tensors that require grad
+    tensors = {n: p.detach().clone().requires_grad_() for n, p in lin.named_parameters()}
+    tensors["running_mean"] = torch.ones(1)  # a buffer: not in the term
+    assert proximal_term(tensors, {**ref, "running_mean": torch.zeros(1)}).item() == pytest.approx(4.5)
+    assert proximal_term({}, ref).item() == 0.0
 
 
 def test_accumulate_and_pseudo_gradient():

@@ -8,6 +8,7 @@ run's ``summary.json`` (and ``target.json``) and writes a markdown table beside 
     python recipes/filter_decomposition/run.py                                         # CPU: Table 1 rows
     python recipes/filter_decomposition/run.py --setup global_cifar10_100_2            # full size (GPU)
     python recipes/filter_decomposition/run.py --setup personal_cifar10_100_2_cpu      # Table 2 rows
+    python recipes/filter_decomposition/run.py --setup personal_cifar10_100_2_cpu --rows ditto fedrep
     python recipes/filter_decomposition/run.py --setup personal_cifar10_100_2_cpu --ablation   # Table 3
     python recipes/filter_decomposition/run.py --setup communication_cifar100_100_20_cpu      # Sec. 6.4
 """
@@ -37,10 +38,17 @@ TABLE1 = {
 }
 # Paper Table 2 (personalised FL; Tiny-ImageNet columns are (1000,20) and (1000,50) there).
 TABLE2 = {
+    "local": [88.00, 76.00, 76.10, 41.90, 12.89, 6.13],
     "fedavg_ft": [93.53, 86.85, 85.29, 64.10, 30.77, 14.6],
     "fedprox_ft": [92.46, 85.31, 80.28, 59.07, 28.69, 14.96],
+    "ditto": [93.67, 85.75, 80.37, 62.56, 21.93, 9.64],
+    "fedper": [92.60, 83.30, 76.00, 37.70, 14.20, 6.15],
+    "fedrep": [89.34, 79.25, 78.53, 57.89, 13.90, 6.14],
+    "lg_fedavg": [88.50, 72.80, 73.00, 41.10, 12.44, 5.99],
     "ours": [94.14, 87.49, 84.28, 63.28, 41.57, 24.32],
 }
+# Table 2 rows without decomposition: strategies/<key>.yaml on the setup's dense network (FedPAC: missing).
+TABLE2_BASELINES = ["local", "fedavg_ft", "fedprox_ft", "ditto", "fedper", "fedrep", "lg_fedavg"]
 # Paper Table 3 (m_a ablation, personalised setting).
 TABLE3 = {
     12: [94.25, 87.08, 84.66, 63.67, 42.25, 23.81],
@@ -54,8 +62,13 @@ NAMES = {
     "scaffold": "SCAFFOLD",
     "feddyn": "FedDyn",
     "feddc": "FedDC",
+    "local": "Local",
     "fedavg_ft": "FedAvg + FT",
     "fedprox_ft": "FedProx + FT",
+    "ditto": "Ditto (lambda = 0.75)",
+    "fedper": "FedPer",
+    "fedrep": "FedRep (10 head + 1 body epochs)",
+    "lg_fedavg": "LG-FedAvg",
     "ours": "Ours (local atoms)",
     "global": "FedAvg + Decomposition, global model (no personalisation)",
 }
@@ -75,6 +88,15 @@ def dense_file(setup: str) -> Path:
             column.split("_")[0]
         ]
     return CONFIGS / "dense" / f"{name}.yaml"
+
+
+def fedpara_file(setup: str) -> Path:
+    """The ``dense/`` overlay that re-parameterises ``setup``'s LeNet with FedPara (communication setups)."""
+    return (
+        CONFIGS
+        / "dense"
+        / ("fedpara_lenet_digits.yaml" if setup.endswith("_cpu") else "fedpara_lenet_cifar100.yaml")
+    )
 
 
 def fit(name: str, files: list[Path], overrides: list[str], args: argparse.Namespace) -> dict:
@@ -146,9 +168,8 @@ def table1(args: argparse.Namespace) -> str:
 def table2(args: argparse.Namespace) -> str:
     column = column_of(args.setup)
     dense = dense_file(args.setup)
-    runs = {
-        "fedavg_ft": fit("fedavg_ft", [dense, CONFIGS / "strategies" / "fedavg_ft.yaml"], [], args),
-        "fedprox_ft": fit("fedprox_ft", [dense, CONFIGS / "strategies" / "fedprox_ft.yaml"], [], args),
+    runs = {key: fit(key, [dense, CONFIGS / "strategies" / f"{key}.yaml"], [], args) for key in args.rows}
+    runs |= {
         "ours": fit("ours", [], [], args),
         # reference: the same decomposed FedAvg run deployed without personalisation
         "global": fit("decomposed_global", [CONFIGS / "strategies" / "fedavg.yaml"], [], args),
@@ -161,9 +182,12 @@ def table2(args: argparse.Namespace) -> str:
         )
     return "\n".join(rows) + (
         "\n\nPersonalised accuracy: mean over clients of each client's deployed model on its local test "
-        "split (FT: the final global model fine-tuned 10 epochs on the client's training split; Ours: final "
-        "global coefficients and head with the client's local atoms; last row: Ours' global model itself, "
-        "since the local atoms train on the same batches without changing the global trajectory)."
+        "split (FT: the final global model fine-tuned 10 epochs on the client's training split; Local: the "
+        "client's own model; Ditto: its personal model; FedPer / FedRep: global body with its own head; "
+        "LG-FedAvg: its own representation with the global head; Ours: final global coefficients and head "
+        "with the client's local atoms; last row: Ours' global model itself, since the local atoms train on "
+        "the same batches without changing the global trajectory). Global acc of Local is the initial "
+        "model's; of FedPer / FedRep / LG-FedAvg the global model with the initial personal layers."
     )
 
 
@@ -184,6 +208,7 @@ def table_comm(args: argparse.Namespace) -> str:
     runs = {
         "FedAvg": fit("fedavg", [dense_file(args.setup), strategies / "fedavg.yaml"], [], args),
         "FedAvg + Decomposition": fit("decomposed", [strategies / "fedavg.yaml"], [], args),
+        "FedPara (FedAvg)": fit("fedpara", [fedpara_file(args.setup), strategies / "fedavg.yaml"], [], args),
     }
     for period in (2, 5, 10):
         runs[f"+ fast/slow, beta = 1/{period}"] = fit(
@@ -211,7 +236,8 @@ def table_comm(args: argparse.Namespace) -> str:
     target = next(iter(runs.values())).get("target", {})
     return "\n".join(rows) + (
         f"\n\nTarget: {target.get('monitor')} >= {target.get('target')}; bytes down + up of all clients. "
-        "Paper (Fig. 2(d), CIFAR-100 (100,20), 52%): FedAvg 2,500M parameters, beta = 1/5 about 500M."
+        "Paper (Fig. 2(d), CIFAR-100 (100,20), 52%): FedAvg 2,500M parameters, FedPara 1,250M, beta = 1/5 "
+        "about 500M."
     )
 
 
@@ -230,6 +256,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--ablation", action="store_true", help="Table 3 (m_a) instead of Table 2 (personal setups)"
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=TABLE2_BASELINES,
+        choices=TABLE2_BASELINES,
+        help="Table 2 baseline rows (personal setups; Ours and its global model always run)",
     )
     parser.add_argument("--rounds", type=int, default=None, help="override trainer.max_steps")
     parser.add_argument(

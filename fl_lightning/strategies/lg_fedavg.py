@@ -1,0 +1,53 @@
+"""LG-FedAvg (Liang et al., 2020): personal representations, a shared head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from fl_lightning.functional import shared_state
+from fl_lightning.representation import head_names
+from fl_lightning.strategies import register_strategy
+from fl_lightning.strategies.base import Strategy
+
+
+@register_strategy
+class LGFedAvg(Strategy):
+    """LG-FedAvg, Liang et al., "Think Locally, Act Globally: Federated Learning with Local and Global
+    Representations" (2020), Sec. 3 and Alg. 1.
+
+    The opposite split of FedPer: each client keeps a local representation ``l_k`` (the body, never
+    communicated) and all clients share the global layers ``g`` on top of it. A sampled client receives
+    ``g^t`` and trains ``(l_k, g)`` jointly by local SGD; the server averages the global layers only:
+
+    .. math:: (l_k, g_k) \\leftarrow (l_k, g_k) - \\eta \\nabla F_k(l_k, g_k),
+              \\qquad g^{t+1} = \\sum_k \\tfrac{n_k}{n} g_k
+
+    Local representations start from the initial model; the deployed model of a client is
+    ``(l_k, g^t)``. The paper's optional local pre-training and its auxiliary representation losses are
+    not used (as in the FedRep code's ``lg`` baseline, which the filter-decomposition authors adapt).
+
+    Args:
+        head: The global layers: a count of last ``nn.Linear`` layers or module names (see
+            :func:`fl_lightning.representation.head_names`). The FedRep code shares the last two
+            linear layers of its CIFAR CNN (``fc2``, ``fc3``): ``head: 2`` (the default 1 shares the
+            classifier only).
+        server_lr: Server learning rate on the pseudo-gradient of the global layers.
+    """
+
+    name = "lg_fedavg"
+
+    def __init__(self, head: int | Sequence[str] = 1, server_lr: float = 1.0) -> None:
+        super().__init__(server_lr=server_lr)
+        self.head = head if isinstance(head, int) else list(head)
+
+    def setup(self, model: nn.Module, num_clients: int) -> None:
+        super().setup(model, num_clients)
+        self.personal_names(model)  # a bad ``head`` fails here, before any round
+
+    def personal_names(self, model: nn.Module) -> set[str]:
+        return set(shared_state(model)) - head_names(model, self.head)
+
+    def extra_repr(self) -> str:
+        return f"head={self.head}, server_lr={self.server_lr}"
