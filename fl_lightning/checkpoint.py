@@ -164,7 +164,7 @@ def remove_stale_temps(folder: Path) -> None:
 
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
-        return False  # ours, but no write of ours is in progress while we scan
+        return True  # a write of ours in another thread (ours that fail remove their own file)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -102,7 +102,9 @@ class FederatedCLI(LightningCLI):
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not path or str(path) in _SPECIAL_CKPT_PATHS or "://" in str(path):
             return
-        if load_checkpoint_file(path, map_location="cpu", mmap=True).get("hyper_parameters"):
+        weights_only = self.config[subcommand].get("weights_only")  # --weights_only=false: the user's call
+        checkpoint = load_checkpoint_file(path, "cpu", weights_only is not False, mmap=True)
+        if checkpoint.get("hyper_parameters"):
             super()._parse_ckpt_path()
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
