@@ -7,11 +7,13 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
+from fl_lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.server import FederatedModule
@@ -28,6 +30,10 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: ``--ckpt_path`` values Lightning resolves itself instead of naming a file.
+_SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
 class FederatedArgumentParser(LightningArgumentParser):
     """The CLI's parser: parse errors are reported on one line, with the choices where they help."""
 
@@ -40,6 +46,22 @@ class FederatedArgumentParser(LightningArgumentParser):
             what = f"{given.group(1)!r} is not" if given else "value is not"
             text = f"{match.group(1)}: {what} a known strategy; choose one of {names} or a full class path"
         super().error(text, ex)
+
+
+class SaveConfigAfterRestore(SaveConfigCallback):
+    """Writes ``config.yaml`` when the run starts, after ``--ckpt_path`` was loaded and accepted.
+
+    Lightning's callback writes it in ``setup``, before the checkpoint is restored, so a resume
+    refused by the fingerprint check overwrote the reused log directory's config with the rejected one.
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stage = stage
+
+    def _save_now(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().setup(trainer, pl_module, self._stage)
+
+    on_fit_start = on_validation_start = on_test_start = on_predict_start = _save_now
 
 
 class FederatedCLI(LightningCLI):
@@ -61,6 +83,7 @@ class FederatedCLI(LightningCLI):
             FederatedDataModule,
             seed_everything_default=0,
             trainer_defaults=defaults,
+            save_config_callback=SaveConfigAfterRestore,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
             parser_class=FederatedArgumentParser,
@@ -69,6 +92,21 @@ class FederatedCLI(LightningCLI):
             **kwargs,
         )
 
+    def _parse_ckpt_path(self) -> None:
+        """Check ``--ckpt_path`` before anything runs (one line if it is not a checkpoint).
+
+        Lightning's version ``torch.load``s the file here to read ``hyper_parameters`` (which
+        FederatedModule does not save) and lets a bad file's traceback through.
+        """
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not path or str(path) in _SPECIAL_CKPT_PATHS or "://" in str(path):
+            return
+        weights_only = self.config[subcommand].get("weights_only")  # --weights_only=false: the user's call
+        checkpoint = load_checkpoint_file(path, "cpu", weights_only is not False, mmap=True)
+        if checkpoint.get("hyper_parameters"):
+            super()._parse_ckpt_path()
+
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         given = config.get("callbacks") or []
         given = given if isinstance(given, list) else [given]
@@ -76,7 +114,30 @@ class FederatedCLI(LightningCLI):
             isinstance(c, ProgressBar) for c in given
         ):
             callbacks = [*callbacks, FederatedProgressBar()]
+        if config.get("enable_checkpointing") is not False:
+            callbacks = [*callbacks, *_last_round_checkpoint(given)]
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            config["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super()._instantiate_trainer(config, callbacks)
+
+
+def _last_round_checkpoint(given: list[Callback]) -> list[Callback]:
+    """A :class:`LastRoundCheckpoint` unless one is given; it takes ``last.ckpt`` over from the others."""
+    if any(isinstance(c, LastRoundCheckpoint) for c in given):
+        return []
+    dirpath = None
+    for cb in given:
+        if isinstance(cb, ModelCheckpoint) and cb.save_last:
+            logging.getLogger("fl_lightning").warning(
+                "trainer.callbacks: ModelCheckpoint(save_last=%s) would rewrite last.ckpt only in rounds "
+                "that improve its monitor; fl_lightning writes it after every round instead (drop save_last)",
+                cb.save_last,
+            )
+            cb.save_last = None
+            dirpath = dirpath or cb.dirpath
+    return [LastRoundCheckpoint(dirpath=dirpath)]
 
 
 def main(args: Any = None) -> None:

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
 from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.checkpoint import check_resume, hyperparameters
 from fl_lightning.client import ClientModule
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.distributed import all_gather_objects, assign_clients, is_distributed
@@ -416,6 +417,7 @@ class FederatedModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["fl_lightning"] = {
             "fingerprint": self.fingerprint(),
+            "hparams": hyperparameters(self),
             "client_state": self.store.state_dict(),
             "history": self.history,
         }
@@ -426,7 +428,7 @@ class FederatedModule(LightningModule):
             raise ConfigError(
                 "ckpt_path: the checkpoint has no fl_lightning state; it was not written by FederatedModule"
             )
-        _check_fingerprint(fl["fingerprint"], self.fingerprint())
+        check_resume(self, checkpoint, self.fingerprint())
         self.store.load_state_dict(fl["client_state"])
         self.history = [dict(r, this_run=False) for r in fl["history"]]
 
@@ -439,23 +441,3 @@ def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:
     for part in all_gather_objects(copy.deepcopy(metrics).cpu()):
         merged.merge(part)
     return merged
-
-
-def _check_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    diffs = []
-    for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
-        if a == b:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            names = [n for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
-            n = names[0]
-            diffs.append(f"{key} ({n}: checkpoint {a.get(n)} vs config {b.get(n)})")
-        else:
-            diffs.append(f"{key} (checkpoint {a!r} vs config {b!r})")
-    if diffs:
-        raise ConfigError(
-            "ckpt_path: the checkpoint comes from a different config: "
-            + "; ".join(diffs)
-            + ". Resume with the config it was written with, or start a new run without --ckpt_path"
-        )

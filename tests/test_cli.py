@@ -6,8 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fl_lightning.cli import main
+from fl_lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
+from fl_lightning.cli import FederatedCLI, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -90,6 +93,123 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
         "error: ckpt_path: the checkpoint comes from a different config: data.num_clients"
         in capsys.readouterr().err
     )
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 2-round zero-config run (FAST): its log folder."""
+    root = tmp_path_factory.mktemp("run")
+    run_cli(root, "fit", *FAST, "--model.local_steps=1")
+    return root / "lightning_logs" / "version_0"
+
+
+def test_zero_config_run_writes_last_ckpt_for_resume(finished_run, tmp_path):
+    last = finished_run / "checkpoints" / "last.ckpt"
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    run_cli(
+        tmp_path, "fit", *FAST[1:], "--model.local_steps=1", "--trainer.max_steps=3", f"--ckpt_path={last}"
+    )
+    resumed = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(resumed, weights_only=True)["global_step"] == 3
+
+
+def test_last_ckpt_is_the_last_round_with_a_monitored_save_last_checkpoint(tmp_path, caplog):
+    # round/clients is constant: a monitored ModelCheckpoint saves round 1 only, and Lightning 2.6
+    # rewrites its last.ckpt only when it saves; the CLI writes last.ckpt after every round instead
+    run_cli(
+        tmp_path,
+        "fit",
+        *FAST[1:],
+        "--trainer.max_steps=3",
+        "--model.local_steps=1",
+        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.monitor=round/clients",
+        "--trainer.callbacks.mode=max",
+        "--trainer.callbacks.save_last=true",
+    )
+    folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=1.ckpt", "last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert "ModelCheckpoint(save_last=True) would rewrite last.ckpt only" in caplog.text
+
+
+def test_the_cli_installs_atomic_checkpoint_io_and_last_round_checkpoint():
+    cli = FederatedCLI(args=["--trainer.max_steps=1"], run=False)
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert sum(isinstance(c, LastRoundCheckpoint) for c in cli.trainer.callbacks) == 1
+    cli = FederatedCLI(args=["--trainer.enable_checkpointing=false"], run=False)
+    assert not [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
+
+
+class NotAllowed:
+    """A class torch's weights_only unpickler refuses."""
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("missing", None),
+        ("empty", b""),
+        ("truncated", "truncated"),
+        ("random", bytes(range(256)) * 20),
+        ("tensor", torch.zeros(3)),
+        ("object", {"state_dict": {}, "x": NotAllowed()}),
+        ("yaml", "config"),
+        ("folder", "folder"),
+    ],
+)
+def test_a_bad_ckpt_path_is_one_line_naming_the_file(
+    finished_run, tmp_path, capsys, subcommand, name, content
+):
+    path = tmp_path / f"{name}.ckpt"
+    if content == "truncated":
+        path.write_bytes((finished_run / "checkpoints" / "last.ckpt").read_bytes()[:5000])
+    elif content == "config":
+        path = finished_run / "config.yaml"
+    elif content == "folder":
+        path = finished_run
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        torch.save(content, path)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, subcommand, *FAST, f"--ckpt_path={path}")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: ckpt_path: {path} ") and "Traceback" not in err
+    assert "weights_only=False" not in err
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_refused_resume_leaves_the_reused_log_folder_config_unchanged(tmp_path, capsys):
+    logger = [
+        "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+        f"--trainer.logger.save_dir={tmp_path}",
+        "--trainer.logger.version=0",
+    ]
+    run_cli(tmp_path, "fit", *FAST, "--model.local_steps=1", *logger)
+    folder = tmp_path / "lightning_logs" / "version_0"
+    config = (folder / "config.yaml").read_bytes()
+    for refused in (["--data.num_clients=5"], ["--trainer.max_steps=2", "--data.num_clients=4"]):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(
+                tmp_path,
+                "fit",
+                "--trainer.max_steps=3",
+                "--trainer.enable_progress_bar=false",
+                "--model.local_steps=1",
+                *refused,
+                *logger,
+                f"--ckpt_path={folder / 'checkpoints' / 'last.ckpt'}",
+            )
+        assert exit_info.value.code == 2
+        assert (folder / "config.yaml").read_bytes() == config
+    err = capsys.readouterr().err
+    assert "error: ckpt_path: the checkpoint comes from a different config: data.num_clients" in err
+    assert "error: trainer.max_steps=2 but the checkpoint has already done 2 rounds" in err
 
 
 def test_module_entry_point_runs_as_a_program(tmp_path):

@@ -132,7 +132,7 @@ def run_setup(args: argparse.Namespace, setup: str) -> str:
             seeded = [f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}"]
             start = f"--model.strategy.init_args.start_round={warm}"
             warm_dir = fit(args, setup, base, out / "warmup", f"--trainer.max_steps={warm}", start, *seeded)
-            ckpt = str(warm_dir / "checkpoints" / "latest.ckpt")
+            ckpt = str(warm_dir / "checkpoints" / "last.ckpt")
             plain = fit(
                 args,
                 setup,
