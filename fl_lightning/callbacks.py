@@ -82,7 +82,9 @@ class RoundLearningRateMonitor(LearningRateMonitor):
     """
 
     def __init__(self, log_momentum: bool = False, log_weight_decay: bool = False) -> None:
-        super().__init__(logging_interval="step", log_momentum=log_momentum, log_weight_decay=log_weight_decay)
+        super().__init__(
+            logging_interval="step", log_momentum=log_momentum, log_weight_decay=log_weight_decay
+        )
         self._pending: dict[str, float] = {}
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
