@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.data.federated import FederatedDataModule
@@ -70,6 +73,48 @@ class FederatedCLI(LightningCLI):
         )
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        saver = self.save_config_callback
+        if self.subcommand != "fit" and config.get("logger") in (None, True):
+            # validate/test/predict log into their checkpoint's run folder, or nowhere
+            config["logger"] = self._evaluation_logger()
+            if config["logger"] is False:
+                self.save_config_callback = None
+        try:
+            trainer = self._instantiate_trainer_with_progress_bar(config, callbacks)
+        finally:
+            self.save_config_callback = saver
+        # run folders that do not exist yet: a run that fails before its first round removes them
+        self._new_log_dirs = [
+            Path(d)
+            for d in (getattr(lg, "log_dir", None) for lg in trainer.loggers)
+            if d and not Path(d).exists()
+        ]
+        return trainer
+
+    def _evaluation_logger(self) -> TensorBoardLogger | bool:
+        """``<run>/<subcommand>/`` for a checkpoint under ``<run>/checkpoints/``; else no logger.
+
+        A ``validate`` or ``test`` of a fitted run then appears in TensorBoard as the run
+        ``version_N/test`` (its scalars at step = the checkpoint's rounds) instead of as a new
+        ``version_N+1`` folder.
+        """
+        ckpt = self.config.get(str(self.subcommand), {}).get("ckpt_path")
+        if not ckpt or Path(ckpt).parent.name != "checkpoints":
+            return False
+        return TensorBoardLogger(save_dir=str(Path(ckpt).parent.parent), name="", version=self.subcommand)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except ConfigError:
+            if self.trainer.global_step == 0 and self.trainer.is_global_zero:
+                for d in self._new_log_dirs:
+                    shutil.rmtree(d, ignore_errors=True)
+            raise
+
+    def _instantiate_trainer_with_progress_bar(
+        self, config: dict[str, Any], callbacks: list[Callback]
+    ) -> Trainer:
         given = config.get("callbacks") or []
         given = given if isinstance(given, list) else [given]
         if config.get("enable_progress_bar") is not False and not any(

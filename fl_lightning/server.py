@@ -359,7 +359,10 @@ class FederatedModule(LightningModule):
         values = {f"{prefix}/{k}": v for k, v in gather_metrics(self.global_metrics).compute().items()}
         if values:
             self.log_dict(values, prog_bar=prefix == "global", batch_size=1)
-            self._log_step()
+            if self.trainer.state.fn == TrainerFn.FITTING:
+                self._log_step()
+            else:  # a logged `step` would print in validate/test's results table: set Lightning's counter
+                self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.rounds_done
         if self.history and prefix == "global" and self.history[-1]["round"] == self.global_step - 1:
             self.history[-1].update(values)
         rounds_done = self.rounds_done

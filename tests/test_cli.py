@@ -1,6 +1,7 @@
 """``python -m fl_lightning``: LightningCLI subcommands, overrides, configs and one-line errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.cli import main
+from fl_lightning.runs import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -59,6 +61,19 @@ def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
     run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={ckpt}")
     out = capsys.readouterr().out
     assert "global/acc" in out and "test/acc" in out
+    # no new version_N: each evaluation is a sub-run of the checkpoint's run, at step = its rounds
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    for sub, tag in (("validate", "global/acc"), ("test", "test/acc")):
+        assert [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0" / sub)[tag]] == [2]
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    shutil.copy(ckpt, elsewhere)
+    run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={elsewhere}")
+    assert sorted(p.name for p in (tmp_path / "lightning_logs" / "version_0").iterdir() if p.is_dir()) == [
+        "checkpoints",
+        "test",
+        "validate",
+    ]
+    assert "test/acc" in capsys.readouterr().out and not (tmp_path / "config.yaml").exists()
 
 
 @pytest.mark.parametrize(
@@ -79,6 +94,7 @@ def test_bad_input_is_a_one_line_error_naming_the_field(tmp_path, capsys, args, 
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(message), err
+    assert not list(tmp_path.glob("lightning_logs/version_*")), "a failed run left a run folder"
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
