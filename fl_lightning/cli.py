@@ -84,11 +84,8 @@ class FederatedCLI(LightningCLI):
         finally:
             self.save_config_callback = saver
         # run folders that do not exist yet: a run that fails before its first round removes them
-        self._new_log_dirs = [
-            Path(d)
-            for d in (getattr(lg, "log_dir", None) for lg in trainer.loggers)
-            if d and not Path(d).exists()
-        ]
+        dirs = (getattr(lg, "log_dir", None) for lg in trainer.loggers)
+        self._new_log_dirs = [Path(d) for d in dirs if d and not Path(d).exists()]
         return trainer
 
     def _evaluation_logger(self) -> TensorBoardLogger | bool:
