@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,10 +17,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
+from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
+from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.errors import ConfigError
+from fl_lightning.models import MODELS
 from fl_lightning.server import FederatedModule
-from fl_lightning.strategies import STRATEGIES
+from fl_lightning.strategies import list_strategies
 
 #: Trainer defaults that make one training step one round (see FederatedModule).
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -38,7 +43,7 @@ class FederatedArgumentParser(LightningArgumentParser):
         text = " ".join(message.split())
         match = re.match(r'Parser key "([^"]+)"', text)
         if match and match.group(1).endswith("strategy"):
-            names = ", ".join(sorted(cls.__name__ for cls in STRATEGIES.values()))
+            names = ", ".join(list_strategies())
             given = re.search(r"but (\S+) either", text)
             what = f"{given.group(1)!r} is not" if given else "value is not"
             text = f"{match.group(1)}: {what} a known strategy; choose one of {names} or a full class path"
@@ -121,16 +126,74 @@ class FederatedCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
 
+#: What ``python -m fl_lightning list`` prints: the config field and its accepted values.
+LISTS: dict[str, tuple[str, Any]] = {
+    "strategies": ("--model.strategy=NAME", list_strategies),
+    "models": (
+        "model.client.init_args.net: {class_path: fl_lightning.models.NAME}",
+        lambda: sorted((c.__name__ for c in MODELS.values()), key=str.lower),
+    ),
+    "datasets": ("--data.dataset=NAME", list_datasets),
+    "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
+}
+
+#: Lightning messages that are noise in a federated run: advertising tips, the TPU/HPU lines, our own
+#: defaults echoed back, and advice that does not apply (in-memory tensors need no loader workers).
+_NOISE = re.compile(
+    r"💡 Tip|(TPU|HPU) available|`Trainer\(val_check_interval=1\)` was configured"
+    r"|does not have many workers|isinstance\(treespec, LeafSpec\)` is deprecated"
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _NOISE.search(record.getMessage())
+
+
+def list_names(argv: list[str]) -> None:
+    """``python -m fl_lightning list [strategies|models|datasets|partitions]``: the names a config takes."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_lightning list", description="The names a config takes, by config field."
+    )
+    parser.add_argument("what", nargs="?", help=f"one of {', '.join(LISTS)} (default: all)")
+    what = parser.parse_args(argv).what
+    if what is not None and what not in LISTS:
+        sys.stderr.write(f"error: list: {what!r} is not one of {', '.join(LISTS)}\n")
+        raise SystemExit(2)
+    for name in [what] if what else LISTS:
+        field, names = LISTS[name]
+        sys.stdout.write(f"{name} ({field}):\n  " + ", ".join(names()) + "\n")
+
+
 def main(args: Any = None) -> None:
-    """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``."""
+    """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``.
+
+    Lightning's tips, deprecation notices and advice that does not apply to federated runs are
+    filtered for the duration of the command only (nothing is filtered at import).
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["list"]:
+        list_names(argv[1:])
+        return
     logger = logging.getLogger("fl_lightning")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    noise = _DropNoise()
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.addFilter(noise)
+    for handler in lightning_log.handlers:
+        handler.addFilter(noise)
     try:
-        FederatedCLI(args=args)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=f".*({_NOISE.pattern})")
+            FederatedCLI(args=args)
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(2) from None
+    finally:
+        lightning_log.removeFilter(noise)
+        for handler in lightning_log.handlers:
+            handler.removeFilter(noise)

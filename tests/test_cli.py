@@ -120,6 +120,21 @@ def test_module_entry_point_runs_as_a_program(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model.participation=0.0 is outside (0, 1]")
 
 
+def test_a_run_prints_no_tips_or_deprecation_noise(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fl_lightning", "fit", *FAST, "--trainer.max_steps=1", "--model.local_steps=1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    output = proc.stdout + proc.stderr
+    for noise in ("Tip:", "TPU available", "val_check_interval=1", "deprecated", "Warning"):
+        assert noise not in output, noise
+    assert "GPU available" in output and "fl_lightning summary" in output
+
+
 def _complete(path: Path) -> bool:
     return "\ntrainer:" in "\n" + path.read_text()
 
@@ -165,3 +180,27 @@ def test_every_cpu_config_runs_a_round(config, tmp_path):
         "--model.eval_clients_every=0",
     )
     assert list((tmp_path / "lightning_logs").rglob("summary.json"))
+
+
+def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
+    main(["list"])
+    out = capsys.readouterr().out
+    for section, name in [
+        ("strategies (--model.strategy=NAME)", "FastSlow"),
+        ("models (model.client.init_args.net", "SmallCNN"),
+        ("datasets (--data.dataset=NAME)", "digits"),
+        ("partitions (--data.partition=NAME)", "DirichletWithReplacement"),
+    ]:
+        assert section in out and name in out, section
+    main(["list", "strategies"])
+    assert capsys.readouterr().out.splitlines()[0] == "strategies (--model.strategy=NAME):"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["list", "optimizers"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: list: 'optimizers' is not one of " + (
+        "strategies, models, datasets, partitions\n"
+    )
+    # a listed name the old listing spelled differently (fast_slow) is taken by the CLI
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "fit", "--print_config", "--model.strategy=PFedMe")
+    assert "class_path: fl_lightning.strategies.PFedMe" in capsys.readouterr().out
