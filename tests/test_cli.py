@@ -122,7 +122,7 @@ def test_module_entry_point_runs_as_a_program(tmp_path):
 
 def test_a_run_prints_no_tips_or_deprecation_noise(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "fl_lightning", "fit", *FAST, "--trainer.max_steps=1", "--model.local_steps=1"],
+        [sys.executable, "-m", "fl_lightning", "fit", *FAST, "--model.local_steps=1"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
