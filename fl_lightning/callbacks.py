@@ -106,7 +106,9 @@ class FederatedSummary(Callback):
     Reports rounds, best and final global accuracy (O-F1 for multilabel tasks, which have no
     accuracy), the spread of the same metric per client for the deployed (global or personalised)
     model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
-    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``).
+    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), and
+    ``global_split``: the split the global numbers are on (``"validation"`` with
+    ``data.val_fraction > 0``, else ``"test"``; evaluate a checkpoint on the test set with ``test``).
     """
 
     def __init__(self) -> None:
@@ -121,6 +123,8 @@ class FederatedSummary(Callback):
             return
         per_client = pl_module.final_client_metrics()
         self.summary = summarize(pl_module.history, per_client, time.perf_counter() - (self._start or 0.0))
+        dm = getattr(trainer, "datamodule", None)
+        self.summary["global_split"] = getattr(dm, "val_split", "test")
         self._report(trainer.log_dir)  # log_dir is a collective under DDP: read it on every process
 
     @rank_zero_only
@@ -131,7 +135,8 @@ class FederatedSummary(Callback):
         lines = [
             "fl_lightning summary",
             f"  rounds: {s['rounds']} (this run: {s['rounds_this_run']})",
-            f"  global {name}: final {_pct(s.get(f'final_global_{m}'))}, "
+            f"  global {name} ({s.get('global_split', 'test')} split): "
+            f"final {_pct(s.get(f'final_global_{m}'))}, "
             f"best {_pct(s.get(f'best_global_{m}'))}"
             f" (round {s.get('best_round')})",
         ]
