@@ -108,6 +108,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs_as_a_program(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "fl_lightning", "fit", "--model.participation=0"],
@@ -150,6 +151,7 @@ def _base_for(piece: Path) -> list[str]:
     return []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CONFIGS])
 def test_every_config_parses(config, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -169,6 +171,7 @@ CPU_CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CPU_CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CPU_CONFIGS])
 def test_every_cpu_config_runs_a_round(config, tmp_path):
     run_cli(
