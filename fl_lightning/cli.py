@@ -72,6 +72,10 @@ class FederatedCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
             parser_class=FederatedArgumentParser,
+            parser_kwargs={
+                "description": "Federated learning on PyTorch Lightning. "
+                "`python -m fl_lightning list` lists the strategies, models, datasets and partitions."
+            },
             args=args,
             run=run,
             **kwargs,

@@ -34,7 +34,7 @@ log = logging.getLogger("fl_lightning")
 # logs the same value; Lightning's advice to add ``sync_dist=True`` (a mean over ranks) does not apply.
 warnings.filterwarnings(
     "ignore",
-    message=r"It is recommended to use `self.log\('(global|personal|client|round|train)/",
+    message=r"It is recommended to use `self.log\('(step'|(global|personal|round|train|test)/)",
     category=PossibleUserWarning,
 )
 

@@ -195,6 +195,9 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         ("partitions (--data.partition=NAME)", "DirichletWithReplacement"),
     ]:
         assert section in out and name in out, section
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "python -m fl_lightning list" in capsys.readouterr().out
     main(["list", "strategies"])
     assert capsys.readouterr().out.splitlines()[0] == "strategies (--model.strategy=NAME):"
     with pytest.raises(SystemExit) as exit_info:
