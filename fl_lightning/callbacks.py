@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger("fl_lightning")
@@ -71,13 +71,44 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=True)
 
 
+class RoundLearningRateMonitor(LearningRateMonitor):
+    """Lightning's ``LearningRateMonitor`` at round granularity, on the rounds-done x-axis.
+
+    The stock callback logs the server optimizer's lr when a round starts, at step = rounds done
+    *before* it (0..R-1), while every other tag is logged after its round (1..R). This one records
+    the lr a round uses when the round starts and logs it when the round ends, at step = rounds done,
+    so ``lr-SGD`` lines up with ``global/acc`` and ``round/client_lr``. Arguments are the stock ones;
+    ``logging_interval`` is ignored (one epoch holds every round, so each round is logged).
+    """
+
+    def __init__(self, log_momentum: bool = False, log_weight_decay: bool = False) -> None:
+        super().__init__(
+            logging_interval="step", log_momentum=log_momentum, log_weight_decay=log_weight_decay
+        )
+        self._pending: dict[str, float] = {}
+
+    def on_train_batch_start(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
+        self._pending = self._extract_stats(trainer, "any") if trainer.loggers else {}
+
+    def on_train_epoch_start(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the lr is logged per round."""
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
+        if self._pending:
+            for logger in trainer.loggers:
+                logger.log_metrics(self._pending, step=trainer.global_step)
+        self._pending = {}
+
+
 class FederatedSummary(Callback):
     """Logs a short end-of-run summary and writes it to ``<log_dir>/summary.json``.
 
     Reports rounds, best and final global accuracy (O-F1 for multilabel tasks, which have no
     accuracy), the spread of the same metric per client for the deployed (global or personalised)
     model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
-    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``).
+    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), and
+    ``global_split``: the split the global numbers are on (``"validation"`` with
+    ``data.val_fraction > 0``, else ``"test"``; evaluate a checkpoint on the test set with ``test``).
     """
 
     def __init__(self) -> None:
@@ -92,6 +123,8 @@ class FederatedSummary(Callback):
             return
         per_client = pl_module.final_client_metrics()
         self.summary = summarize(pl_module.history, per_client, time.perf_counter() - (self._start or 0.0))
+        dm = getattr(trainer, "datamodule", None)
+        self.summary["global_split"] = getattr(dm, "val_split", "test")
         self._report(trainer.log_dir)  # log_dir is a collective under DDP: read it on every process
 
     @rank_zero_only
@@ -102,7 +135,8 @@ class FederatedSummary(Callback):
         lines = [
             "fl_lightning summary",
             f"  rounds: {s['rounds']} (this run: {s['rounds_this_run']})",
-            f"  global {name}: final {_pct(s.get(f'final_global_{m}'))}, "
+            f"  global {name} ({s.get('global_split', 'test')} split): "
+            f"final {_pct(s.get(f'final_global_{m}'))}, "
             f"best {_pct(s.get(f'best_global_{m}'))}"
             f" (round {s.get('best_round')})",
         ]

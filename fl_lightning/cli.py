@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
+import shutil
 import sys
+import warnings
+from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
+from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
+from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.errors import ConfigError
+from fl_lightning.models import MODELS
 from fl_lightning.server import FederatedModule
-from fl_lightning.strategies import STRATEGIES
+from fl_lightning.strategies import list_strategies
 
 #: Trainer defaults that make one training step one round (see FederatedModule).
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -41,7 +49,7 @@ class FederatedArgumentParser(LightningArgumentParser):
         text = " ".join(message.split())
         match = re.match(r'Parser key "([^"]+)"', text)
         if match and match.group(1).endswith("strategy"):
-            names = ", ".join(sorted(cls.__name__ for cls in STRATEGIES.values()))
+            names = ", ".join(list_strategies())
             given = re.search(r"but (\S+) either", text)
             what = f"{given.group(1)!r} is not" if given else "value is not"
             text = f"{match.group(1)}: {what} a known strategy; choose one of {names} or a full class path"
@@ -87,6 +95,10 @@ class FederatedCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
             parser_class=FederatedArgumentParser,
+            parser_kwargs={
+                "description": "Federated learning on PyTorch Lightning. "
+                "`python -m fl_lightning list` lists the strategies, models, datasets and partitions."
+            },
             args=args,
             run=run,
             **kwargs,
@@ -108,6 +120,45 @@ class FederatedCLI(LightningCLI):
             super()._parse_ckpt_path()
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        saver = self.save_config_callback
+        if self.subcommand != "fit" and config.get("logger") in (None, True):
+            # validate/test/predict log into their checkpoint's run folder, or nowhere
+            config["logger"] = self._evaluation_logger()
+            if config["logger"] is False:
+                self.save_config_callback = None
+        try:
+            trainer = self._instantiate_trainer_with_progress_bar(config, callbacks)
+        finally:
+            self.save_config_callback = saver
+        # run folders that do not exist yet: a run that fails before its first round removes them
+        dirs = (getattr(lg, "log_dir", None) for lg in trainer.loggers)
+        self._new_log_dirs = [Path(d) for d in dirs if d and not Path(d).exists()]
+        return trainer
+
+    def _evaluation_logger(self) -> TensorBoardLogger | bool:
+        """``<run>/<subcommand>/`` for a checkpoint under ``<run>/checkpoints/``; else no logger.
+
+        A ``validate`` or ``test`` of a fitted run then appears in TensorBoard as the run
+        ``version_N/test`` (its scalars at step = the checkpoint's rounds) instead of as a new
+        ``version_N+1`` folder.
+        """
+        ckpt = self.config.get(str(self.subcommand), {}).get("ckpt_path")
+        if not ckpt or Path(ckpt).parent.name != "checkpoints":
+            return False
+        return TensorBoardLogger(save_dir=str(Path(ckpt).parent.parent), name="", version=self.subcommand)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except ConfigError:
+            if self.trainer.global_step == 0 and self.trainer.is_global_zero:
+                for d in self._new_log_dirs:
+                    shutil.rmtree(d, ignore_errors=True)
+            raise
+
+    def _instantiate_trainer_with_progress_bar(
+        self, config: dict[str, Any], callbacks: list[Callback]
+    ) -> Trainer:
         given = config.get("callbacks") or []
         given = given if isinstance(given, list) else [given]
         if config.get("enable_progress_bar") is not False and not any(
@@ -140,16 +191,74 @@ def _last_round_checkpoint(given: list[Callback]) -> list[Callback]:
     return [LastRoundCheckpoint(dirpath=dirpath)]
 
 
+#: What ``python -m fl_lightning list`` prints: the config field and its accepted values.
+LISTS: dict[str, tuple[str, Any]] = {
+    "strategies": ("--model.strategy=NAME", list_strategies),
+    "models": (
+        "model.client.init_args.net: {class_path: fl_lightning.models.NAME}",
+        lambda: sorted((c.__name__ for c in MODELS.values()), key=str.lower),
+    ),
+    "datasets": ("--data.dataset=NAME", list_datasets),
+    "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
+}
+
+#: Lightning messages that are noise in a federated run: advertising tips, the TPU/HPU lines, our own
+#: defaults echoed back, and advice that does not apply (in-memory tensors need no loader workers).
+_NOISE = re.compile(
+    r"💡 Tip|(TPU|HPU) available|`Trainer\(val_check_interval=1\)` was configured"
+    r"|does not have many workers|isinstance\(treespec, LeafSpec\)` is deprecated"
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _NOISE.search(record.getMessage())
+
+
+def list_names(argv: list[str]) -> None:
+    """``python -m fl_lightning list [strategies|models|datasets|partitions]``: the names a config takes."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_lightning list", description="The names a config takes, by config field."
+    )
+    parser.add_argument("what", nargs="?", help=f"one of {', '.join(LISTS)} (default: all)")
+    what = parser.parse_args(argv).what
+    if what is not None and what not in LISTS:
+        sys.stderr.write(f"error: list: {what!r} is not one of {', '.join(LISTS)}\n")
+        raise SystemExit(2)
+    for name in [what] if what else LISTS:
+        field, names = LISTS[name]
+        sys.stdout.write(f"{name} ({field}):\n  " + ", ".join(names()) + "\n")
+
+
 def main(args: Any = None) -> None:
-    """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``."""
+    """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``.
+
+    Lightning's tips, deprecation notices and advice that does not apply to federated runs are
+    filtered for the duration of the command only (nothing is filtered at import).
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["list"]:
+        list_names(argv[1:])
+        return
     logger = logging.getLogger("fl_lightning")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    noise = _DropNoise()
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.addFilter(noise)
+    for handler in lightning_log.handlers:
+        handler.addFilter(noise)
     try:
-        FederatedCLI(args=args)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=f".*({_NOISE.pattern})")
+            FederatedCLI(args=args)
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(2) from None
+    finally:
+        lightning_log.removeFilter(noise)
+        for handler in lightning_log.handlers:
+            handler.removeFilter(noise)

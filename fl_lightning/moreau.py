@@ -111,7 +111,7 @@ class MoreauEnvelope(Strategy):
     step with server learning rate ``beta``. Client: the loop of the module docstring; the default
     :meth:`outer_step` is pFedMe's ``w <- w - eta * lam * (w - theta~)`` (Alg. 1 line 8, ``eta`` = the
     client's learning rate after decay), taken as one gradient step on :func:`fit_loss` so it also
-    applies to CP-factored layers. Personalised evaluation (``client/<id>/*``, ``personal/*``) runs
+    applies to CP-factored layers. Personalised evaluation (``z_client/<id>/*``, ``personal/*``) runs
     ``theta~_k`` of the client's last round on its local test split; a client that never trained
     deploys the global model.
 

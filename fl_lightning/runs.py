@@ -27,11 +27,20 @@ def read_summary(run: str | Path) -> dict[str, Any]:
     return json.loads(Path(run, "summary.json").read_text())
 
 
-def last_scalars(run: str | Path, tags: list[str]) -> dict[str, float | None]:
-    """The last logged value of each TensorBoard scalar ``tag`` of a run folder (None if never logged)."""
+def read_scalars(run: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every TensorBoard scalar tag of a run folder with its ``(step, value)`` pairs, in logging order.
+
+    The step of every tag is the number of rounds done when it was logged (see README, "Reading
+    TensorBoard").
+    """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
-    logged = set(events.Tags().get("scalars", []))
-    return {t: events.Scalars(t)[-1].value if t in logged else None for t in tags}
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags().get("scalars", [])}
+
+
+def last_scalars(run: str | Path, tags: list[str]) -> dict[str, float | None]:
+    """The last logged value of each TensorBoard scalar ``tag`` of a run folder (None if never logged)."""
+    scalars = read_scalars(run)
+    return {t: scalars[t][-1][1] if t in scalars else None for t in tags}

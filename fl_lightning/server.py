@@ -35,9 +35,14 @@ log = logging.getLogger("fl_lightning")
 # logs the same value; Lightning's advice to add ``sync_dist=True`` (a mean over ranks) does not apply.
 warnings.filterwarnings(
     "ignore",
-    message=r"It is recommended to use `self.log\('(global|personal|client|round|train)/",
+    message=r"It is recommended to use `self.log\('(step'|(global|personal|round|train|test)/)",
     category=PossibleUserWarning,
 )
+
+#: Prefix of the per-client scalars, ``z_client/<id>/<metric>``: TensorBoard orders tag groups by name,
+#: and the ``z`` puts the many per-client cards after the run-level groups (``global``, ``personal``,
+#: ``round``, ``test``, ``train``) instead of first. Plain characters, valid for every Lightning logger.
+CLIENT_PREFIX = "z_client"
 
 _SMALL_MODEL = 1_000_000  # parameters; below this a CPU process trains on one intra-op thread by default
 _CLIENT_DEFAULTS = {"lr": 0.1, "momentum": 0.9}
@@ -65,7 +70,7 @@ class FederatedModule(LightningModule):
         lr_decay: Per-round decay of the local learning rate: ``lr_t = lr * lr_decay ** t``.
         grad_clip_norm: Clip each local step's gradient to this global norm (None: no clipping).
         eval_clients_every: Evaluate every client's deployed model on its local test split every
-            this many rounds (``client/<id>/*`` and ``personal/*``); 0: only at the end of fit.
+            this many rounds (``z_client/<id>/*`` and ``personal/*``); 0: only at the end of fit.
         tolerate_client_failures: Exclude (and count) a client whose local training raises or
             returns non-finite values instead of stopping the run.
         seed: Seed of client sampling and of every client's RNG stream (batch order, dropout).
@@ -142,6 +147,7 @@ class FederatedModule(LightningModule):
         self.history: list[dict[str, Any]] = []
         self.client_eval: dict[int, dict[str, float]] = {}
         self._client_eval_round = -1
+        self._checkpoint_rounds = 0
         self._ready = False
         self.global_metrics: TaskMetrics | None = None
         self.client_metrics: TaskMetrics | None = None
@@ -219,6 +225,16 @@ class FederatedModule(LightningModule):
         return self.client(x)
 
     # ------------------------------------------------------------------------------ a round
+    @property
+    def rounds_done(self) -> int:
+        """Rounds done: the step (x-axis) of every logged scalar.
+
+        While fitting this is ``trainer.global_step`` (one server optimizer step per round), so the
+        values logged after round ``r`` (0-based) are at step ``r + 1``; in ``validate``/``test`` it is
+        the round count of the loaded checkpoint.
+        """
+        return max(self.global_step, self._checkpoint_rounds)
+
     def on_fit_start(self) -> None:
         dm = self.datamodule
         if self.device.type != "cpu":
@@ -302,12 +318,21 @@ class FederatedModule(LightningModule):
         if train:
             self.log_dict(train, on_step=True, on_epoch=False, batch_size=1, prog_bar=True)
         per_client = {
-            f"client/{cid}/{k}": float(v)
+            f"{CLIENT_PREFIX}/{cid}/{k}": float(v)
             for cid, m in res.client_metrics.items()
             for k, v in m.items()
             if k != "num_samples"
         }
         self._log_direct(per_client, step=record["round"] + 1)
+        self._log_step()
+
+    def _log_step(self) -> None:
+        """Make Lightning log this hook's metrics at step = rounds done.
+
+        Lightning logs at its own batch counter, which counts a round only after the round's
+        validation (steps 0..R-1); a logged ``step`` value is what its logger connector uses instead.
+        """
+        self.log("step", float(self.rounds_done), batch_size=1)
 
     def _log_direct(self, metrics: dict[str, float], step: int) -> None:
         """Per-client metrics go straight to the loggers (many keys; nothing monitors them)."""
@@ -345,9 +370,13 @@ class FederatedModule(LightningModule):
         values = {f"{prefix}/{k}": v for k, v in gather_metrics(self.global_metrics).compute().items()}
         if values:
             self.log_dict(values, prog_bar=prefix == "global", batch_size=1)
+            if self.trainer.state.fn == TrainerFn.FITTING:
+                self._log_step()
+            else:  # a logged `step` would print in validate/test's results table: set Lightning's counter
+                self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.rounds_done
         if self.history and prefix == "global" and self.history[-1]["round"] == self.global_step - 1:
             self.history[-1].update(values)
-        rounds_done = self.global_step
+        rounds_done = self.rounds_done
         due = self.eval_clients_every > 0 and rounds_done % self.eval_clients_every == 0
         # trainer.training is False during fit's own validation: test the entry point instead
         if due or self.trainer.state.fn != TrainerFn.FITTING:
@@ -358,7 +387,7 @@ class FederatedModule(LightningModule):
         """Evaluate every client's deployed model on its local test split (training data if none).
 
         The deployed model is the global model after ``strategy.personalize`` and ``strategy.adapt``
-        (identity for non-personalised strategies). Logs ``client/<id>/<metric>`` and
+        (identity for non-personalised strategies). Logs ``z_client/<id>/<metric>`` and
         ``personal/<metric>``, the latter merged over clients by metric state.
         """
         dm = self.datamodule
@@ -378,13 +407,13 @@ class FederatedModule(LightningModule):
         per = dict(sorted(kv for part in all_gather_objects(per) for kv in part.items()))
         self.client_eval = per
         self._client_eval_round = self.global_step
-        flat = {f"client/{cid}/{k}": v for cid, m in per.items() for k, v in m.items()}
-        self._log_direct(flat, step=self.global_step)
+        flat = {f"{CLIENT_PREFIX}/{cid}/{k}": v for cid, m in per.items() for k, v in m.items()}
+        self._log_direct(flat, step=self.rounds_done)
         personal = {f"personal/{k}": v for k, v in gather_metrics(merged).compute().items()}
         if personal and lightning_log:
             self.log_dict(personal, batch_size=1)
         elif personal:  # outside a hook where self.log is allowed (e.g. at the end of fit)
-            self._log_direct(personal, step=self.global_step)
+            self._log_direct(personal, step=self.rounds_done)
         return per
 
     def final_client_metrics(self) -> dict[int, dict[str, float]]:
@@ -431,6 +460,7 @@ class FederatedModule(LightningModule):
         check_resume(self, checkpoint, self.fingerprint())
         self.store.load_state_dict(fl["client_state"])
         self.history = [dict(r, this_run=False) for r in fl["history"]]
+        self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
 
 
 def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:

@@ -1,6 +1,7 @@
 """``python -m fl_lightning``: LightningCLI subcommands, overrides, configs and one-line errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.runs import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -62,6 +64,19 @@ def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
     run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={ckpt}")
     out = capsys.readouterr().out
     assert "global/acc" in out and "test/acc" in out
+    # no new version_N: each evaluation is a sub-run of the checkpoint's run, at step = its rounds
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    for sub, tag in (("validate", "global/acc"), ("test", "test/acc")):
+        assert [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0" / sub)[tag]] == [2]
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    shutil.copy(ckpt, elsewhere)
+    run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={elsewhere}")
+    assert sorted(p.name for p in (tmp_path / "lightning_logs" / "version_0").iterdir() if p.is_dir()) == [
+        "checkpoints",
+        "test",
+        "validate",
+    ]
+    assert "test/acc" in capsys.readouterr().out and not (tmp_path / "config.yaml").exists()
 
 
 @pytest.mark.parametrize(
@@ -82,6 +97,7 @@ def test_bad_input_is_a_one_line_error_naming_the_field(tmp_path, capsys, args, 
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(message), err
+    assert not list(tmp_path.glob("lightning_logs/version_*")), "a failed run left a run folder"
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
@@ -212,6 +228,7 @@ def test_a_refused_resume_leaves_the_reused_log_folder_config_unchanged(tmp_path
     assert "error: trainer.max_steps=2 but the checkpoint has already done 2 rounds" in err
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs_as_a_program(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "fl_lightning", "fit", "--model.participation=0"],
@@ -222,6 +239,21 @@ def test_module_entry_point_runs_as_a_program(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model.participation=0.0 is outside (0, 1]")
+
+
+def test_a_run_prints_no_tips_or_deprecation_noise(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fl_lightning", "fit", *FAST, "--model.local_steps=1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    output = proc.stdout + proc.stderr
+    for noise in ("Tip:", "TPU available", "val_check_interval=1", "deprecated", "Warning"):
+        assert noise not in output, noise
+    assert "GPU available" in output and "fl_lightning summary" in output
 
 
 def _complete(path: Path) -> bool:
@@ -239,6 +271,7 @@ def _base_for(piece: Path) -> list[str]:
     return []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CONFIGS])
 def test_every_config_parses(config, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -258,6 +291,7 @@ CPU_CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CPU_CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CPU_CONFIGS])
 def test_every_cpu_config_runs_a_round(config, tmp_path):
     run_cli(
@@ -269,3 +303,30 @@ def test_every_cpu_config_runs_a_round(config, tmp_path):
         "--model.eval_clients_every=0",
     )
     assert list((tmp_path / "lightning_logs").rglob("summary.json"))
+
+
+def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
+    main(["list"])
+    out = capsys.readouterr().out
+    for section, name in [
+        ("strategies (--model.strategy=NAME)", "FastSlow"),
+        ("models (model.client.init_args.net", "SmallCNN"),
+        ("datasets (--data.dataset=NAME)", "digits"),
+        ("partitions (--data.partition=NAME)", "DirichletWithReplacement"),
+    ]:
+        assert section in out and name in out, section
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "python -m fl_lightning list" in capsys.readouterr().out
+    main(["list", "strategies"])
+    assert capsys.readouterr().out.splitlines()[0] == "strategies (--model.strategy=NAME):"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["list", "optimizers"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: list: 'optimizers' is not one of " + (
+        "strategies, models, datasets, partitions\n"
+    )
+    # a listed name the old listing spelled differently (fast_slow) is taken by the CLI
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "fit", "--print_config", "--model.strategy=PFedMe")
+    assert "class_path: fl_lightning.strategies.PFedMe" in capsys.readouterr().out

@@ -67,6 +67,7 @@ def _assert_same_run(one: dict, two: dict) -> None:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["FedAvg", "fl_test_strategies.Stateful"])
 def test_two_processes_match_one_process(tmp_path, strategy, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
@@ -78,6 +79,7 @@ def test_two_processes_match_one_process(tmp_path, strategy, monkeypatch):
         assert one["fl_lightning"]["client_state"]
 
 
+@pytest.mark.slow
 def test_failing_clients_are_excluded_on_any_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     extra = [

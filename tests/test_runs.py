@@ -3,7 +3,7 @@ import json
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from fl_lightning.runs import last_scalars, latest_run, read_summary
+from fl_lightning.runs import last_scalars, latest_run, read_scalars, read_summary
 
 
 def test_latest_run_orders_versions_numerically_and_can_require_a_summary(tmp_path):
@@ -27,3 +27,12 @@ def test_last_scalars_reads_the_last_value_and_none_for_missing_tags(tmp_path):
         "global/acc": 0.25,
         "personal/acc": None,
     }
+
+
+def test_read_scalars_gives_every_tag_with_its_steps(tmp_path):
+    writer = SummaryWriter(str(tmp_path))
+    for step, value in [(1, 0.5), (2, 0.75)]:
+        writer.add_scalar("global/acc", value, step)
+    writer.add_scalar("round/clients", 4.0, 1)
+    writer.close()
+    assert read_scalars(tmp_path) == {"global/acc": [(1, 0.5), (2, 0.75)], "round/clients": [(1, 4.0)]}

@@ -9,8 +9,15 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar, FederatedSummary
+from fl_lightning.callbacks import (
+    FederatedCallback,
+    FederatedProgressBar,
+    FederatedSummary,
+    RoundLearningRateMonitor,
+)
 from fl_lightning.errors import ConfigError
+from fl_lightning.runs import read_scalars
+from fl_lightning.server import CLIENT_PREFIX
 from fl_lightning.strategies import FedAvg
 
 from conftest import global_weights, make_data, make_module, make_trainer
@@ -172,10 +179,10 @@ def test_tensorboard_gets_global_client_round_metrics_and_the_partition_image(tm
         "round/bytes_up",
         "round/bytes_down",
         "train/loss",
-        "client/0/train_loss",
-        "client/3/train_acc",
-        "client/0/local_acc",
-        "client/2/acc",
+        "z_client/0/train_loss",
+        "z_client/3/train_acc",
+        "z_client/0/local_acc",
+        "z_client/2/acc",
         "personal/acc",
         "image:partition/clients_x_classes",
     ):
@@ -184,6 +191,22 @@ def test_tensorboard_gets_global_client_round_metrics_and_the_partition_image(tm
     assert s["rounds"] == 2 and s["client_acc"]["n"] == 4
     assert s["bytes_down"] == s["bytes_up"] > 0
     assert (Path(logger.log_dir) / "summary.json").exists()
+
+
+def test_every_scalar_is_logged_at_step_rounds_done(tmp_path):
+    """README: the x-axis is rounds done; round r (0-based) is logged at step r + 1 by every tag."""
+    logger = TensorBoardLogger(tmp_path, name="lightning_logs")
+    summary = FederatedSummary()
+    callbacks = [summary, RoundLearningRateMonitor()]
+    trainer = make_trainer(tmp_path, rounds=3, logger=logger, callbacks=callbacks)
+    trainer.fit(make_module(), datamodule=make_data())
+    scalars = read_scalars(logger.log_dir)
+    assert {"global/acc", "personal/acc", "train/loss", "round/clients", "lr-SGD"} <= set(scalars)
+    assert any(tag.startswith(CLIENT_PREFIX) for tag in scalars)
+    steps = {tag: [step for step, _ in points] for tag, points in scalars.items()}
+    assert {tag: s for tag, s in steps.items() if s != [1, 2, 3]} == {}
+    best = max(scalars["global/acc"], key=lambda p: p[1])
+    assert summary.summary["best_round"] == best[0]
 
 
 def test_communicated_bytes_match_the_model_size(fit):

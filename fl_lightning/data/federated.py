@@ -119,7 +119,12 @@ class FederatedDataModule(LightningDataModule):
         local_test_fraction: Fraction of each client's samples held out as its local test split
             (same label distribution as its training data) for per-client and personalised
             evaluation; 0 disables it (per-client evaluation then uses the client's training data).
-        seed: Seed of the partition and of the local test split.
+        val_fraction: Fraction of the training set held out as a validation split *before*
+            partitioning (stratified by label, seeded by ``seed``): ``validate`` and the validation
+            after every round of ``fit`` (``global/*``, what ``ModelCheckpoint``/``EarlyStopping``
+            monitor and the summary's "best") use it, and ``test`` uses the test set. 0 (default):
+            no validation split; validation then evaluates the test set.
+        seed: Seed of the partition, of the local test split and of the validation split.
     """
 
     def __init__(
@@ -132,12 +137,18 @@ class FederatedDataModule(LightningDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 512,
         local_test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
         if not 0.0 <= local_test_fraction < 1.0:
             raise ConfigError(
                 f"data.local_test_fraction={local_test_fraction} must be in [0, 1); 0 disables it"
+            )
+        if not 0.0 <= val_fraction < 1.0:
+            raise ConfigError(
+                f"data.val_fraction={val_fraction} must be in [0, 1); e.g. 0.1 holds out 10% of the "
+                "training set for validation, 0 validates on the test set"
             )
         if batch_size < 1:
             raise ConfigError(f"data.batch_size={batch_size} must be >= 1")
@@ -151,10 +162,12 @@ class FederatedDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.local_test_fraction = local_test_fraction
+        self.val_fraction = val_fraction
         self.seed = seed
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
+        self.val_idx = torch.zeros(0, dtype=torch.int64)
 
     # ------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
@@ -167,12 +180,14 @@ class FederatedDataModule(LightningDataModule):
         splits = load_dataset(self.dataset, self.root, download=False)
         labels = splits.train_y.numpy()
         proxy = labels if labels.ndim == 1 else _multilabel_proxy(labels)
-        check_num_clients(len(proxy), self.num_clients)
+        val_idx, pool = stratified_holdout(proxy, self.val_fraction, np.random.default_rng([self.seed, 1]))
+        check_num_clients(len(pool), self.num_clients)
         rng = np.random.default_rng(self.seed)
-        parts = self.partition(proxy, self.num_clients, rng)
+        parts = self.partition(proxy[pool], self.num_clients, rng)
+        self.val_idx = torch.from_numpy(val_idx)
         self.clients = []
         for cid, idx in enumerate(parts):
-            idx = np.asarray(idx, dtype=np.int64)
+            idx = pool[np.asarray(idx, dtype=np.int64)]
             n_test = round(len(idx) * self.local_test_fraction) if len(idx) > 1 else 0
             n_test = min(n_test, len(idx) - 1)
             order = rng.permutation(len(idx))
@@ -217,6 +232,8 @@ class FederatedDataModule(LightningDataModule):
             "data.partition": repr(self.partition),
             "data.seed": self.seed,
             "data.local_test_fraction": self.local_test_fraction,
+            # only when set, so checkpoints written before the option existed still load
+            **({"data.val_fraction": self.val_fraction} if self.val_fraction else {}),
         }
 
     # --------------------------------------------------------------------------- loaders
@@ -228,17 +245,46 @@ class FederatedDataModule(LightningDataModule):
             )
         return RoundLoader(rounds)
 
-    def _eval_loader(self) -> DataLoader:
+    @property
+    def val_split(self) -> str:
+        """Which split validation (``global/*``) evaluates: ``"validation"`` or ``"test"``."""
+        return "validation" if self.val_fraction else "test"
+
+    def val_dataloader(self) -> DataLoader:
+        """The held-out validation split, or the test set when ``val_fraction`` is 0."""
+        assert self.splits is not None
+        if not self.val_fraction:
+            return self.test_dataloader()
+        x, y = self.splits.train_x[self.val_idx], self.splits.train_y[self.val_idx]
+        return DataLoader(TensorDataset(x, y), batch_size=self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
         assert self.splits is not None
         return DataLoader(
             TensorDataset(self.splits.test_x, self.splits.test_y), batch_size=self.eval_batch_size
         )
 
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader()
 
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+def stratified_holdout(
+    labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split sample indices into a held-out part and the rest, per class.
+
+    ``round(fraction * n_c)`` random samples of each class ``c`` (``n_c`` samples) are held out, so
+    the held-out part has the label distribution of the whole.
+
+    Returns:
+        ``(held_out, rest)``: sorted ``int64`` index arrays; ``held_out`` is empty for ``fraction=0``.
+    """
+    everything = np.arange(len(labels), dtype=np.int64)
+    if not fraction:
+        return np.zeros(0, dtype=np.int64), everything
+    held = [
+        rng.permutation(idx)[: round(fraction * len(idx))]
+        for idx in (np.flatnonzero(labels == c) for c in np.unique(labels))
+    ]
+    held_out = np.sort(np.concatenate(held)).astype(np.int64)
+    return held_out, np.setdiff1d(everything, held_out)
 
 
 def _multilabel_proxy(labels: np.ndarray) -> np.ndarray:

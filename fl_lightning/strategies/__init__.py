@@ -27,13 +27,17 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
 
 
 def list_strategies() -> list[str]:
-    """Names of all registered strategies."""
-    return sorted(STRATEGIES)
+    """Class names of all registered strategies: the values ``--model.strategy`` takes (``FedProx``)."""
+    return sorted((cls.__name__ for cls in STRATEGIES.values()), key=str.lower)
 
 
 def get_strategy(name: str, **kwargs: object) -> Strategy:
-    """Instantiate a registered strategy by name (case-insensitive)."""
-    cls = STRATEGIES.get(name.lower())
+    """Instantiate a registered strategy by class name (``FedProx``) or registry name (``fedprox``).
+
+    Both are matched case-insensitively.
+    """
+    key = name.lower()
+    cls = STRATEGIES.get(key) or next((c for c in STRATEGIES.values() if c.__name__.lower() == key), None)
     if cls is None:
         raise ConfigError(
             f"model.strategy={name!r} is not a known strategy; choose one of {', '.join(list_strategies())}"

@@ -40,7 +40,7 @@ class PersonalAtoms(StrategyWrapper):
     trainings touch disjoint tensors and the second sees only received values, so the global model's
     trajectory is exactly the base method's. Local atoms start from the global atoms the client first
     receives (``D_g^0`` for clients of round 0). The client's deployed model (per-client evaluation on
-    its local test split, ``client/<id>/*`` and ``personal/*``) is ``(alpha^t, D_l,k, theta_h^t)``: the
+    its local test split, ``z_client/<id>/*`` and ``personal/*``) is ``(alpha^t, D_l,k, theta_h^t)``: the
     current global model with its atoms replaced by the client's local atoms; a client that never
     trained deploys the global model.
 

@@ -152,7 +152,7 @@ def test_flair_format_federation_trains_with_multilabel_metrics_in_tensorboard(t
     tags = set(events.Tags()["scalars"])
     for key in ("c_precision", "c_recall", "c_f1", "o_f1", "map_macro"):
         assert f"global/{key}" in tags and f"personal/{key}" in tags
-    assert {f"client/{c}/c_f1" for c in range(6)} <= tags
+    assert {f"z_client/{c}/c_f1" for c in range(6)} <= tags
     assert module.history[-1]["clients"] == 3
 
 

@@ -1,9 +1,12 @@
+import inspect
+
 import pytest
 import torch
 from torch import nn
 
+from fl_lightning import strategies
 from fl_lightning.errors import ConfigError
-from fl_lightning.strategies import FedAvg, FedProx, RoundInfo, get_strategy, list_strategies
+from fl_lightning.strategies import STRATEGIES, FedAvg, FedProx, RoundInfo, get_strategy, list_strategies
 from fl_lightning.strategies.base import PERSONAL, ClientContext
 
 from conftest import global_weights, make_data, make_module
@@ -70,6 +73,23 @@ def test_bad_strategy_arguments_name_the_field():
         FedAvg(server_lr=0)
     with pytest.raises(ConfigError, match="model.strategy='nope'"):
         get_strategy("nope")
+
+
+def test_list_strategies_prints_the_class_names_the_config_takes():
+    """``--model.strategy=NAME`` resolves NAME among the classes exported by fl_lightning.strategies."""
+    names = list_strategies()
+    assert {"FedAvg", "FedProx", "FastSlow", "PFedMe"} <= set(names)
+    for name in names:
+        cls = getattr(strategies, name)
+        assert cls.__name__ == name and STRATEGIES[cls.name] is cls
+        assert type(get_strategy(cls.name, **_required(cls))) is cls  # registry names still work
+        assert type(get_strategy(name.upper(), **_required(cls))) is cls
+
+
+def _required(cls: type) -> dict:
+    """A base strategy for wrappers (their one required argument)."""
+    needs_base = "base" in inspect.signature(cls).parameters
+    return {"base": FedAvg()} if needs_base else {}
 
 
 @pytest.mark.parametrize("name", list_strategies())

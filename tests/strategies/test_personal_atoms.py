@@ -145,7 +145,7 @@ def test_without_decomposed_layers_it_warns_and_runs_as_its_base(fit, caplog):
 
 
 def test_reported_client_metrics_are_those_of_the_deployed_model_on_the_local_test_split(fit):
-    """``client/<id>/*`` (summary.json's ``client_acc``): ``(alpha^T, D_l, theta_h^T)`` on the test split."""
+    """``z_client/<id>/*`` (summary's ``client_acc``): ``(alpha^T, D_l, theta_h^T)`` on the test split."""
     module = _module(PersonalAtoms(), local_steps=6)
     data = make_data(local_test_fraction=0.3)
     fit(module, data=data, rounds=3)
