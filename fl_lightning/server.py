@@ -21,7 +21,7 @@ from fl_lightning.client import ClientModule
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.distributed import all_gather_objects, assign_clients, is_distributed
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import load_tensors
+from fl_lightning.functional import load_tensors, to_device
 from fl_lightning.loop import ClientResult, FederatedLoop, LocalConfig, RoundResult, evaluate, timed
 from fl_lightning.metrics import TaskMetrics
 from fl_lightning.state import ClientStateStore
@@ -179,7 +179,7 @@ class FederatedModule(LightningModule):
                 f"model.client.task={self.client.task!r} but data.dataset={dm.dataset!r} is {dm.task}; "
                 f"set model.client.init_args.task={dm.task}"
             )
-        x = dm.splits.train_x[:2]
+        x = dm.splits.train_x[:2].to(self.device)
         try:
             with torch.no_grad():
                 was = self.client.training
@@ -210,8 +210,7 @@ class FederatedModule(LightningModule):
     # ------------------------------------------------------------------------------ a round
     def on_fit_start(self) -> None:
         dm = self.datamodule
-        if self.device.type != "cpu":
-            dm.to(self.device)
+        dm.to(self.device)
         if self.global_step == 0:
             self._log_partition(dm)
 
@@ -315,7 +314,7 @@ class FederatedModule(LightningModule):
         self.global_metrics.reset()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
+        x, y = to_device(batch, self.device)
         self.global_metrics.update(self.client(x).float(), y)
 
     def on_validation_epoch_end(self) -> None:
@@ -351,6 +350,7 @@ class FederatedModule(LightningModule):
         ``personal/<metric>``, the latter merged over clients by metric state.
         """
         dm = self.datamodule
+        dm.to(self.device)  # no-op during fit; after fit or from a checkpoint, the data follows the module
         worker = self.worker
         merged = self.client_metrics.clone()
         per: dict[int, dict[str, float]] = {}
@@ -381,6 +381,12 @@ class FederatedModule(LightningModule):
         if self._client_eval_round != self.global_step:
             self.evaluate_clients(lightning_log=False)
         return self.client_eval
+
+    def teardown(self, stage: str) -> None:
+        """Give the data module's training tensors back to the host, as Lightning does with the module."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if isinstance(dm, FederatedDataModule) and dm.splits is not None:
+            dm.to("cpu")
 
     # ------------------------------------------------------------------------------ logging
     @rank_zero_only

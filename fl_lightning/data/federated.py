@@ -191,12 +191,28 @@ class FederatedDataModule(LightningDataModule):
         )
         self.splits = splits
 
-    def to(self, device: torch.device) -> None:
-        """Keep the training tensors on ``device`` (one copy, shared by all clients)."""
-        assert self.splits is not None
+    @property
+    def device(self) -> torch.device:
+        """Where the clients' training tensors are (the host until :meth:`to` moves them)."""
+        assert self.splits is not None, "call setup() first"
+        return self.clients[0].x.device if self.clients else self.splits.train_x.device
+
+    def to(self, device: torch.device | str) -> FederatedDataModule:
+        """Keep the clients' training tensors on ``device`` (one copy, shared by all clients).
+
+        Idempotent and cheap when they are there already. ``splits`` keeps the host copy, so moving
+        back to the CPU copies nothing.
+        """
+        assert self.splits is not None, "call setup() first"
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.device == device:
+            return self
         x, y = self.splits.train_x.to(device), self.splits.train_y.to(device)
         for c in self.clients:
             c.x, c.y = x, y
+        return self
 
     # ------------------------------------------------------------------------------- facts
     @property
