@@ -18,6 +18,7 @@ from torch import Tensor
 
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.client import ClientModule
+from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.distributed import all_gather_objects, assign_clients, is_distributed
 from fl_lightning.errors import ConfigError
@@ -174,10 +175,15 @@ class FederatedModule(LightningModule):
         self._ready = True
 
     def _check_model(self, dm: FederatedDataModule) -> None:
+        synthetic = is_synthetic(dm.dataset)  # generated data: the fix is on the data side
         if self.client.task != dm.task:
+            fix = (
+                f"set data.synthetic.multilabel={str(self.client.task == 'multilabel').lower()}"
+                if synthetic
+                else f"set model.client.init_args.task={dm.task}"
+            )
             raise ConfigError(
-                f"model.client.task={self.client.task!r} but data.dataset={dm.dataset!r} is {dm.task}; "
-                f"set model.client.init_args.task={dm.task}"
+                f"model.client.task={self.client.task!r} but data.dataset={dm.dataset!r} is {dm.task}; {fix}"
             )
         x = dm.splits.train_x[:2].to(self.device)
         try:
@@ -187,16 +193,25 @@ class FederatedModule(LightningModule):
                 self.client.train(was)
         except RuntimeError as err:
             msg = str(err).splitlines()[0]
+            fix = (
+                "set data.synthetic.shape (or data.dataset=synthetic:<the config's dataset>)"
+                if synthetic
+                else "set its in_channels/input size to match"
+            )
             raise ConfigError(
                 f"model.client.net cannot take data.dataset={dm.dataset!r} inputs of shape "
                 f"{tuple(x.shape[1:])} "
-                f"({msg}); set its in_channels/input size to match"
+                f"({msg}); {fix}"
             ) from err
         if out.shape[-1] != dm.num_classes:
+            fix = (
+                f"set data.synthetic.num_classes={out.shape[-1]}"
+                if synthetic
+                else f"set model.client.init_args.net.init_args.num_classes={dm.num_classes}"
+            )
             raise ConfigError(
                 f"model.client.net outputs {out.shape[-1]} values but data.dataset={dm.dataset!r} has "
-                f"{dm.num_classes} classes; "
-                f"set model.client.init_args.net.init_args.num_classes={dm.num_classes}"
+                f"{dm.num_classes} classes; {fix}"
             )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -14,7 +14,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_lightning.data.datasets import DatasetSplits, load_dataset
+from fl_lightning.data.datasets import DatasetSplits, SyntheticData, is_synthetic, load_dataset
 from fl_lightning.data.partition import Dirichlet, Partitioner, check_num_clients, partition_counts
 from fl_lightning.errors import ConfigError
 
@@ -108,7 +108,12 @@ class FederatedDataModule(LightningDataModule):
 
     Args:
         dataset: Registered dataset name: ``digits`` (embedded, no download), ``mnist``,
-            ``fashion_mnist``, ``cifar10``, ``cifar100``.
+            ``fashion_mnist``, ``cifar10``, ``cifar100``, ``tiny_imagenet``, ``flair``; or generated data
+            (no files, no download): ``synthetic`` (CIFAR-10-shaped: 3x32x32, 10 classes, 10k/2k
+            samples) or ``synthetic:<name>`` shaped like ``<name>`` (cifar10, cifar100, mnist,
+            fashion_mnist, digits, tiny_imagenet, flair), e.g. ``--data.dataset=synthetic:cifar100``
+            runs a CIFAR-100 config anywhere. FLAIR configs also need a partition other than
+            ``NaturalUsers`` (e.g. ``--data.partition=Dirichlet``).
         root: Folder holding (or receiving) the torchvision dataset files.
         download: Let torchvision download missing files (needs network).
         num_clients: Number of clients ``m`` in the federation.
@@ -120,6 +125,10 @@ class FederatedDataModule(LightningDataModule):
             (same label distribution as its training data) for per-client and personalised
             evaluation; 0 disables it (per-client evaluation then uses the client's training data).
         seed: Seed of the partition and of the local test split.
+        synthetic: Options of the generated data (``data.synthetic.shape``, ``num_classes``,
+            ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
+            that ``dataset`` names; ignored for other datasets. See
+            :class:`~fl_lightning.data.datasets.SyntheticData`.
     """
 
     def __init__(
@@ -133,6 +142,7 @@ class FederatedDataModule(LightningDataModule):
         eval_batch_size: int = 512,
         local_test_fraction: float = 0.2,
         seed: int = 0,
+        synthetic: SyntheticData | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= local_test_fraction < 1.0:
@@ -152,19 +162,25 @@ class FederatedDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.local_test_fraction = local_test_fraction
         self.seed = seed
+        self.synthetic = synthetic
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
 
     # ------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
-        if self.download:
+        if self.download and not is_synthetic(self.dataset):
             load_dataset(self.dataset, self.root, download=True)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is not None:
             return
-        splits = load_dataset(self.dataset, self.root, download=False)
+        if is_synthetic(self.dataset) and getattr(self.partition, "name", None) == "natural_users":
+            raise ConfigError(
+                f"data.partition=NaturalUsers reads FLAIR's users from a file, which data.dataset="
+                f"{self.dataset!r} has none of; set data.partition to Dirichlet, IID or Pathological"
+            )
+        splits = load_dataset(self.dataset, self.root, download=False, synthetic=self.synthetic)
         labels = splits.train_y.numpy()
         proxy = labels if labels.ndim == 1 else _multilabel_proxy(labels)
         check_num_clients(len(proxy), self.num_clients)
@@ -227,13 +243,16 @@ class FederatedDataModule(LightningDataModule):
 
     def fingerprint(self) -> dict[str, Any]:
         """The facts a checkpoint must agree with to be resumed on this data."""
-        return {
+        facts = {
             "data.dataset": self.dataset,
             "data.num_clients": self.num_clients,
             "data.partition": repr(self.partition),
             "data.seed": self.seed,
             "data.local_test_fraction": self.local_test_fraction,
         }
+        if is_synthetic(self.dataset):  # generated data: its options are part of what it is
+            facts["data.synthetic"] = repr(self.synthetic or SyntheticData())
+        return facts
 
     # --------------------------------------------------------------------------- loaders
     def train_dataloader(self) -> RoundLoader:
