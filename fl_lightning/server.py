@@ -356,6 +356,7 @@ class FederatedModule(LightningModule):
         if due or self.trainer.state.fn != TrainerFn.FITTING:
             self.evaluate_clients()
 
+    @torch.inference_mode(False)  # strategy.adapt may train (FineTune); validate/test run in inference mode
     @torch.no_grad()
     def evaluate_clients(self, lightning_log: bool = True) -> dict[int, dict[str, float]]:
         """Evaluate every client's deployed model on its local test split (training data if none).
