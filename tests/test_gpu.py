@@ -171,64 +171,67 @@ def test_metrics_on_gpu():
     metrics_on("cuda")
 
 
-@cuda
-def test_metrics_are_computed_on_the_gpu_during_validation(tmp_path):
+# ------------------------------------------------------------------------------ on either device
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
+ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_metrics_are_computed_on_the_module_device_during_validation(tmp_path, device):
     from lightning.pytorch import Callback
 
-    seen = []
+    seen = set()
 
     class Probe(Callback):
-        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            seen.append((pl_module.global_metrics.device.type, pl_module.client_metrics.device.type))
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            seen.add((pl_module.global_metrics.device.type, pl_module.client_metrics.device.type))
 
-    make_trainer(tmp_path, rounds=1, accelerator="gpu", callbacks=[Probe()]).fit(
-        make_module(), synthetic_data()
-    )
-    assert seen and set(seen) == {("cuda", "cuda")}
+    trainer = make_trainer(tmp_path, rounds=1, accelerator=ACCELERATOR[device], callbacks=[Probe()])
+    trainer.fit(make_module(), datamodule=synthetic_data())
+    assert seen == {(device, device)}
 
 
-@cuda
-def test_a_module_placed_on_the_gpu_before_fit(tmp_path):
-    """_check_model runs the network on a sample of the data: it must go where the module is."""
-    module = make_module().cuda()
-    make_trainer(tmp_path, rounds=1, accelerator="gpu").fit(module, synthetic_data())
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_module_placed_on_the_device_before_fit(tmp_path, device):
+    """_check_model runs the network on a sample of the data: the sample goes where the module is."""
+    module = make_module().to(device)
+    make_trainer(tmp_path, rounds=1, accelerator=ACCELERATOR[device]).fit(module, datamodule=synthetic_data())
     assert module.history
 
 
-@cuda
-def test_data_module_to_is_idempotent_on_gpu():
+@pytest.mark.parametrize("device", DEVICES)
+def test_data_module_to_is_idempotent(device):
     data = synthetic_data()
     data.setup("fit")
-    data.to("cuda")
-    x = data.clients[0].x
-    assert x.device.type == "cuda" and data.to(torch.device("cuda", 0)).clients[0].x is x
-    assert data.to("cpu").clients[0].x is data.splits.train_x
+    x = data.to(device).clients[0].x
+    assert x.device.type == device
+    assert data.to(device).clients[0].x is x and data.to(x.device).clients[0].x is x  # "cuda" is "cuda:0"
+    assert data.to("cpu").clients[0].x is data.splits.train_x  # the host copy is kept: nothing copied
 
 
-@cuda
-def test_finetune_and_pfedme_move_host_batches_to_the_gpu():
+@pytest.mark.parametrize("device", DEVICES)
+def test_finetune_and_pfedme_move_host_batches_to_the_module_device(device):
     from fl_lightning.moreau import personal_steps
     from fl_lightning.strategies.finetune import FineTune
 
     data = synthetic_data()
     data.setup("fit")  # the data stays on the host
-    worker = make_module().client.cuda()
+    worker = make_module().client.to(device)
     FineTune(epochs=1).adapt(worker, data.clients[0], {}, batch_size=16)
     theta = {n: p.detach().clone().requires_grad_(True) for n, p in worker.named_parameters()}
     optimizer = torch.optim.SGD(list(theta.values()), lr=0.1)
     batch = next(data.clients[0].batches(16, 1, torch.Generator().manual_seed(0)))
-    outputs, loss = personal_steps(
-        worker, theta, {n: t.detach() for n, t in theta.items()}, batch, optimizer, 1.0, 2
-    )
-    assert outputs.device.type == "cuda" and torch.isfinite(loss)
+    reference = {n: t.detach() for n, t in theta.items()}
+    outputs, loss = personal_steps(worker, theta, reference, batch, optimizer, 1.0, 2)
+    assert outputs.device.type == device and torch.isfinite(loss)
 
 
-@cuda
-def test_decomposition_of_a_gpu_conv():
+@pytest.mark.parametrize("device", DEVICES)
+def test_decomposition_of_a_conv_on_the_device(device):
     from fl_lightning.models.decomposed import DecomposedConv2d
 
-    conv = torch.nn.Conv2d(3, 4, 3, padding=1).cuda()
-    x = torch.randn(2, 3, 8, 8, device="cuda")
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1).to(device)
+    x = torch.randn(2, 3, 8, 8, device=device)
     for atoms in (9, 12):  # exact for m_a >= k*k; 12 > 9 draws random atoms on the host
         layer = DecomposedConv2d.from_conv(conv, num_atoms=atoms)
-        torch.testing.assert_close(layer(x), conv(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer(x), conv(x), atol=1e-3, rtol=1e-3)  # TF32 convs on a GPU
