@@ -113,7 +113,7 @@ class FederatedDataModule(LightningDataModule):
             samples) or ``synthetic:<name>`` shaped like ``<name>`` (cifar10, cifar100, mnist,
             fashion_mnist, digits, tiny_imagenet, flair), e.g. ``--data.dataset=synthetic:cifar100``
             runs a CIFAR-100 config anywhere. FLAIR configs also need a partition other than
-            ``NaturalUsers`` (e.g. ``--data.partition=Dirichlet``).
+            ``NaturalUsers`` (e.g. ``--data.partition=IID``).
         root: Folder holding (or receiving) the torchvision dataset files.
         download: Let torchvision download missing files (needs network).
         num_clients: Number of clients ``m`` in the federation.
@@ -178,7 +178,7 @@ class FederatedDataModule(LightningDataModule):
         if is_synthetic(self.dataset) and getattr(self.partition, "name", None) == "natural_users":
             raise ConfigError(
                 f"data.partition=NaturalUsers reads FLAIR's users from a file, which data.dataset="
-                f"{self.dataset!r} has none of; set data.partition to Dirichlet, IID or Pathological"
+                f"{self.dataset!r} has none of; set data.partition to IID, Dirichlet or Pathological"
             )
         splits = load_dataset(self.dataset, self.root, download=False, synthetic=self.synthetic)
         labels = splits.train_y.numpy()

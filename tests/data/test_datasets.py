@@ -324,7 +324,7 @@ def test_natural_users_with_synthetic_data_is_a_config_error():
     from fl_lightning.data import FederatedDataModule, NaturalUsers
 
     dm = FederatedDataModule(dataset="synthetic:flair", partition=NaturalUsers("data/flair.hdf5"))
-    with pytest.raises(ConfigError, match="data.partition=NaturalUsers .* set data.partition to Dirichlet"):
+    with pytest.raises(ConfigError, match="data.partition=NaturalUsers .* set data.partition to IID"):
         dm.setup("fit")
 
 
