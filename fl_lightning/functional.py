@@ -50,15 +50,21 @@ def module_device(module: nn.Module) -> torch.device:
 def to_device(batch: Any, device: torch.device | str) -> Any:
     """``batch`` with every tensor on ``device`` (tuples, lists and dicts rebuilt; no copy if already there).
 
-    The copy is ``non_blocking``: from pinned host memory it overlaps with compute, and CUDA orders it
-    before any kernel that reads the result on the same stream.
+    Copies to an accelerator are ``non_blocking`` (the device orders them before any kernel that reads
+    the result on the same stream); copies to the host are blocking, since a host op could otherwise
+    read the tensor before the copy has landed.
     """
+    device = torch.device(device)
+    return _to_device(batch, device, device.type != "cpu")
+
+
+def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, tuple | list):
-        return type(batch)(to_device(b, device) for b in batch)
+        return type(batch)(_to_device(b, device, non_blocking) for b in batch)
     if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        return {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
     return batch
 
 

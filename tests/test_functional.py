@@ -88,3 +88,18 @@ def test_module_device_reads_parameters_then_buffers():
     assert module_device(nn.Linear(2, 2).to("meta")) == torch.device("meta")
     assert module_device(nn.BatchNorm1d(2, affine=False).to("meta")) == torch.device("meta")
     assert module_device(nn.ReLU()) == torch.device("cpu")
+
+
+def test_to_device_blocks_on_copies_to_the_host(monkeypatch):
+    """A non-blocking GPU-to-host copy could be read by a host op before it lands."""
+    calls = []
+    original = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("non_blocking"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    to_device((torch.ones(1),), "cpu")
+    to_device([torch.ones(1)], torch.device("meta"))
+    assert calls == [False, True]
