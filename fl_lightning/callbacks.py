@@ -118,6 +118,12 @@ class FederatedSummary(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = time.perf_counter()
 
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Evaluate the final model here, while it is still on the training device: before ``on_fit_end``
+        # Lightning's teardown moves the module back to the CPU (the result is cached for on_fit_end).
+        if hasattr(pl_module, "final_client_metrics"):
+            pl_module.final_client_metrics()
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not hasattr(pl_module, "history"):
             return

@@ -132,6 +132,7 @@ def svd_atoms(
         atoms = vecs.flip(1)[:, :num_atoms].T
     else:
         atoms = orthonormal_atoms(num_atoms, (kh, kw), generator, torch.float64).reshape(num_atoms, -1)
+        atoms = atoms.to(flat.device)  # drawn on the host (the generator's device)
     coefficients = flat @ atoms.T
     return (
         coefficients.reshape(c_out, c_in, num_atoms).to(weight.dtype),

@@ -8,6 +8,7 @@ from the tensors of a payload, so it is the real traffic of the simulated protoc
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,36 @@ def seed_rng(seed: int, device: torch.device) -> None:
     torch.random.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.default_generators[device.index or 0].manual_seed(seed)
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (or buffer); the CPU for a module without tensors."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def to_device(batch: Any, device: torch.device | str) -> Any:
+    """``batch`` with every tensor on ``device`` (tuples, lists and dicts rebuilt; no copy if already there).
+
+    Copies to an accelerator are ``non_blocking`` (the device orders them before any kernel that reads
+    the result on the same stream); copies to the host are blocking, since a host op could otherwise
+    read the tensor before the copy has landed.
+    """
+    device = torch.device(device)
+    return _to_device(batch, device, device.type != "cpu")
+
+
+def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, tuple | list):
+        return type(batch)(_to_device(b, device, non_blocking) for b in batch)
+    if isinstance(batch, Mapping):
+        return {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
 
 
 def payload_bytes(payload: Mapping[str, Mapping[str, Tensor]]) -> int:

@@ -31,8 +31,10 @@ from fl_lightning.functional import (
     all_finite,
     derive_seed,
     load_tensors,
+    module_device,
     payload_bytes,
     seed_rng,
+    to_device,
 )
 from fl_lightning.metrics import TaskMetrics
 from fl_lightning.sam import clip_grads_
@@ -113,12 +115,19 @@ def num_sampled(num_clients: int, participation: float, clients_per_round: int |
 
 @torch.no_grad()
 def evaluate(module: nn.Module, batches: Any, metrics: TaskMetrics, precision: Any = None) -> None:
-    """Update ``metrics`` with ``module``'s outputs on ``batches`` (eval mode, restored after)."""
+    """Update ``metrics`` with ``module``'s outputs on ``batches`` (eval mode, restored after).
+
+    Each batch is moved to ``module``'s device first, wherever the data lives (e.g. the data module's
+    tensors on the GPU and the module back on the CPU after ``fit``), and so are the metric states.
+    """
     was_training = module.training
     module.eval()
+    device = module_device(module)
+    metrics.to(device)
     ctx = precision.val_step_context() if precision is not None else contextlib.nullcontext()
     with ctx:
-        for x, y in batches:
+        for batch in batches:
+            x, y = to_device(batch, device)
             if precision is not None:
                 x = precision.convert_input(x)
             metrics.update(module(x).float(), y)

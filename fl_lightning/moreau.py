@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
+from fl_lightning.functional import Payload, to_device
 from fl_lightning.models.cp import DenseView, clear_dense_weights, dense_weights, set_dense_weights
 from fl_lightning.strategies.base import ClientContext, Strategy
 
@@ -76,9 +76,10 @@ def personal_steps(
     """``steps`` optimizer steps on ``f(theta; B) + lam/2 ||theta - reference||^2``, one batch (eq. 15).
 
     ``theta`` (leaf tensors, the keys of :func:`dense_weights`) is updated in place; ``reference`` is
-    ``W(w_k)``, constant during the steps. Returns the outputs and task loss of the first step.
+    ``W(w_k)``, constant during the steps. Returns the outputs and task loss of the first step. The
+    batch is moved to ``theta``'s device (a no-op when the data already lives there).
     """
-    x, y = batch
+    x, y = to_device(batch, next(iter(theta.values())).device)
     first: tuple[Tensor, Tensor] | None = None
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -188,7 +189,7 @@ class MoreauEnvelope(Strategy):
         )
         track = getattr(module, "_track_train", None)  # ClientModule's train statistics (theta's loss)
         if track is not None:
-            track(outputs, batch[1], loss)
+            track(outputs, batch[1].to(outputs.device), loss)
         self.outer_step(module, optimizer, ctx, p)
         p.steps += 1
 

@@ -19,10 +19,11 @@ from torch import Tensor
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.checkpoint import check_resume, hyperparameters
 from fl_lightning.client import ClientModule
+from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.distributed import all_gather_objects, assign_clients, is_distributed
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import load_tensors
+from fl_lightning.functional import load_tensors, to_device
 from fl_lightning.loop import ClientResult, FederatedLoop, LocalConfig, RoundResult, evaluate, timed
 from fl_lightning.metrics import TaskMetrics
 from fl_lightning.state import ClientStateStore
@@ -191,12 +192,17 @@ class FederatedModule(LightningModule):
         self._ready = True
 
     def _check_model(self, dm: FederatedDataModule) -> None:
+        synthetic = is_synthetic(dm.dataset)  # generated data: the fix is on the data side
         if self.client.task != dm.task:
-            raise ConfigError(
-                f"model.client.task={self.client.task!r} but data.dataset={dm.dataset!r} is {dm.task}; "
-                f"set model.client.init_args.task={dm.task}"
+            fix = (
+                f"set data.synthetic.multilabel={str(self.client.task == 'multilabel').lower()}"
+                if synthetic
+                else f"set model.client.init_args.task={dm.task}"
             )
-        x = dm.splits.train_x[:2]
+            raise ConfigError(
+                f"model.client.task={self.client.task!r} but data.dataset={dm.dataset!r} is {dm.task}; {fix}"
+            )
+        x = dm.splits.train_x[:2].to(self.device)
         try:
             with torch.no_grad():
                 was = self.client.training
@@ -204,16 +210,25 @@ class FederatedModule(LightningModule):
                 self.client.train(was)
         except RuntimeError as err:
             msg = str(err).splitlines()[0]
+            fix = (
+                "set data.synthetic.shape (or data.dataset=synthetic:<the config's dataset>)"
+                if synthetic
+                else "set its in_channels/input size to match"
+            )
             raise ConfigError(
                 f"model.client.net cannot take data.dataset={dm.dataset!r} inputs of shape "
                 f"{tuple(x.shape[1:])} "
-                f"({msg}); set its in_channels/input size to match"
+                f"({msg}); {fix}"
             ) from err
         if out.shape[-1] != dm.num_classes:
+            fix = (
+                f"set data.synthetic.num_classes={out.shape[-1]}"
+                if synthetic
+                else f"set model.client.init_args.net.init_args.num_classes={dm.num_classes}"
+            )
             raise ConfigError(
                 f"model.client.net outputs {out.shape[-1]} values but data.dataset={dm.dataset!r} has "
-                f"{dm.num_classes} classes; "
-                f"set model.client.init_args.net.init_args.num_classes={dm.num_classes}"
+                f"{dm.num_classes} classes; {fix}"
             )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -237,8 +252,7 @@ class FederatedModule(LightningModule):
 
     def on_fit_start(self) -> None:
         dm = self.datamodule
-        if self.device.type != "cpu":
-            dm.to(self.device)
+        dm.to(self.device)
         if self.global_step == 0:
             self._log_partition(dm)
 
@@ -351,7 +365,7 @@ class FederatedModule(LightningModule):
         self.global_metrics.reset()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
+        x, y = to_device(batch, self.device)
         self.global_metrics.update(self.client(x).float(), y)
 
     def on_validation_epoch_end(self) -> None:
@@ -382,6 +396,7 @@ class FederatedModule(LightningModule):
         if due or self.trainer.state.fn != TrainerFn.FITTING:
             self.evaluate_clients()
 
+    @torch.inference_mode(False)  # strategy.adapt may train (FineTune); validate/test run in inference mode
     @torch.no_grad()
     def evaluate_clients(self, lightning_log: bool = True) -> dict[int, dict[str, float]]:
         """Evaluate every client's deployed model on its local test split (training data if none).
@@ -391,6 +406,7 @@ class FederatedModule(LightningModule):
         ``personal/<metric>``, the latter merged over clients by metric state.
         """
         dm = self.datamodule
+        dm.to(self.device)  # no-op during fit; after fit or from a checkpoint, the data follows the module
         worker = self.worker
         merged = self.client_metrics.clone()
         per: dict[int, dict[str, float]] = {}
@@ -421,6 +437,12 @@ class FederatedModule(LightningModule):
         if self._client_eval_round != self.global_step:
             self.evaluate_clients(lightning_log=False)
         return self.client_eval
+
+    def teardown(self, stage: str) -> None:
+        """Give the data module's training tensors back to the host, as Lightning does with the module."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if isinstance(dm, FederatedDataModule) and dm.splits is not None:
+            dm.to("cpu")
 
     # ------------------------------------------------------------------------------ logging
     @rank_zero_only

@@ -18,6 +18,16 @@ from fl_lightning.strategies import FedAvg, Strategy
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` (the GPU lane, ``python -m pytest -m cuda``) skip without a CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 def make_data(**kw: Any) -> FederatedDataModule:
     args: dict[str, Any] = {
         "num_clients": 4,

@@ -7,10 +7,12 @@ from fl_lightning.functional import (
     all_finite,
     derive_seed,
     load_tensors,
+    module_device,
     payload_bytes,
     proximal_term,
     pseudo_gradient,
     shared_state,
+    to_device,
 )
 
 
@@ -76,3 +78,33 @@ def test_all_finite():
     assert all_finite({"w": {"a": torch.ones(2)}})
     assert not all_finite({"w": {"a": torch.tensor([1.0, float("nan")])}})
     assert not all_finite({"w": {"a": torch.tensor([float("inf")])}})
+
+
+def test_to_device_moves_nested_batches_and_copies_nothing_already_there():
+    x, y = torch.randn(2, 3), torch.tensor([0, 1])
+    moved = to_device((x, {"y": y, "n": 3}, [y]), "cpu")
+    assert isinstance(moved, tuple) and moved[0] is x and moved[1]["y"] is y and moved[2][0] is y
+    assert moved[1]["n"] == 3
+    meta = to_device([x, y], "meta")
+    assert isinstance(meta, list) and all(t.device.type == "meta" for t in meta)
+
+
+def test_module_device_reads_parameters_then_buffers():
+    assert module_device(nn.Linear(2, 2).to("meta")) == torch.device("meta")
+    assert module_device(nn.BatchNorm1d(2, affine=False).to("meta")) == torch.device("meta")
+    assert module_device(nn.ReLU()) == torch.device("cpu")
+
+
+def test_to_device_blocks_on_copies_to_the_host(monkeypatch):
+    """A non-blocking GPU-to-host copy could be read by a host op before it lands."""
+    calls = []
+    original = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("non_blocking"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    to_device((torch.ones(1),), "cpu")
+    to_device([torch.ones(1)], torch.device("meta"))
+    assert calls == [False, True]

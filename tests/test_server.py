@@ -273,3 +273,60 @@ def test_cpu_threads_default_to_one_for_small_models(threads, width, expected, f
     assert (sum(p.numel() for p in module.client.parameters()) < 1_000_000) == (width == 4)
     fit(module, rounds=1)
     assert calls == expected
+
+
+# ------------------------------------------------------------------------------ devices
+# No GPU in CI: the "meta" device stands in for "somewhere other than the module". The data module keeps
+# its host copy in ``splits``, so moving its training tensors to "meta" and back loses nothing, while any
+# code that ran the module on them without moving them first would fail.
+def test_client_evaluation_pulls_the_data_to_the_module_device(tmp_path):
+    """After fit (module back on the CPU, data left on the GPU) and from a checkpoint (the other way)."""
+    module, data = make_module(), make_data()
+    trainer = make_trainer(tmp_path, rounds=1)
+    trainer.fit(module, datamodule=data)
+    before = module.evaluate_clients(lightning_log=False)
+    data.to("meta")
+    assert module.evaluate_clients(lightning_log=False) == before
+    assert data.device == torch.device("cpu")
+    data.to("meta")
+    assert "personal/acc" in trainer.validate(module, datamodule=data, verbose=False)[0]
+
+
+def test_fit_moves_the_data_to_the_module_device_and_back_at_teardown(tmp_path):
+    data = make_data()
+    data.setup("fit")
+    data.to("meta")
+
+    class LeaveDataElsewhere(Callback):
+        def on_train_end(self, trainer, pl_module):
+            assert data.device == pl_module.device  # on_fit_start pulled it to the module
+            data.to("meta")
+
+    trainer = make_trainer(tmp_path, rounds=1, callbacks=[LeaveDataElsewhere()])
+    trainer.fit(make_module(), datamodule=data)
+    assert data.device == torch.device("cpu")  # teardown gives it back to the host, as the module
+
+
+def test_the_summary_evaluates_the_final_model_before_lightning_moves_it_to_the_cpu(tmp_path):
+    """Lightning's teardown (module to CPU) runs between on_train_end and on_fit_end."""
+    seen = {}
+
+    class Probe(Callback):
+        def on_train_end(self, trainer, pl_module):
+            seen["round"] = pl_module._client_eval_round
+
+    module = make_module(eval_clients_every=0)
+    trainer = make_trainer(tmp_path, rounds=2, callbacks=[FederatedSummary(), Probe()])
+    trainer.fit(module, datamodule=make_data())
+    assert seen["round"] == 2
+    assert trainer.callbacks[0].summary["client_acc"]["n"] == 4
+
+
+def test_task_metrics_are_submodules_that_follow_the_module(fit):
+    module = make_module()
+    fit(module, rounds=1)
+    children = dict(module.named_children())
+    assert children["global_metrics"] is module.global_metrics
+    assert children["client_metrics"] is module.client_metrics
+    module.to("meta")
+    assert module.global_metrics.device.type == "meta" and module.client_metrics.device.type == "meta"

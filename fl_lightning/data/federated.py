@@ -14,7 +14,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_lightning.data.datasets import DatasetSplits, load_dataset
+from fl_lightning.data.datasets import DatasetSplits, SyntheticData, is_synthetic, load_dataset
 from fl_lightning.data.partition import Dirichlet, Partitioner, check_num_clients, partition_counts
 from fl_lightning.errors import ConfigError
 
@@ -108,7 +108,12 @@ class FederatedDataModule(LightningDataModule):
 
     Args:
         dataset: Registered dataset name: ``digits`` (embedded, no download), ``mnist``,
-            ``fashion_mnist``, ``cifar10``, ``cifar100``.
+            ``fashion_mnist``, ``cifar10``, ``cifar100``, ``tiny_imagenet``, ``flair``; or generated data
+            (no files, no download): ``synthetic`` (CIFAR-10-shaped: 3x32x32, 10 classes, 10k/2k
+            samples) or ``synthetic:<name>`` shaped like ``<name>`` (cifar10, cifar100, mnist,
+            fashion_mnist, digits, tiny_imagenet, flair), e.g. ``--data.dataset=synthetic:cifar100``
+            runs a CIFAR-100 config anywhere. FLAIR configs also need a partition other than
+            ``NaturalUsers`` (e.g. ``--data.partition=IID``).
         root: Folder holding (or receiving) the torchvision dataset files.
         download: Let torchvision download missing files (needs network).
         num_clients: Number of clients ``m`` in the federation.
@@ -125,6 +130,10 @@ class FederatedDataModule(LightningDataModule):
             monitor and the summary's "best") use it, and ``test`` uses the test set. 0 (default):
             no validation split; validation then evaluates the test set.
         seed: Seed of the partition, of the local test split and of the validation split.
+        synthetic: Options of the generated data (``data.synthetic.shape``, ``num_classes``,
+            ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
+            that ``dataset`` names; ignored for other datasets. See
+            :class:`~fl_lightning.data.datasets.SyntheticData`.
     """
 
     def __init__(
@@ -139,6 +148,7 @@ class FederatedDataModule(LightningDataModule):
         local_test_fraction: float = 0.2,
         val_fraction: float = 0.0,
         seed: int = 0,
+        synthetic: SyntheticData | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= local_test_fraction < 1.0:
@@ -164,6 +174,7 @@ class FederatedDataModule(LightningDataModule):
         self.local_test_fraction = local_test_fraction
         self.val_fraction = val_fraction
         self.seed = seed
+        self.synthetic = synthetic
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
@@ -171,13 +182,18 @@ class FederatedDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
-        if self.download:
+        if self.download and not is_synthetic(self.dataset):
             load_dataset(self.dataset, self.root, download=True)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is not None:
             return
-        splits = load_dataset(self.dataset, self.root, download=False)
+        if is_synthetic(self.dataset) and getattr(self.partition, "name", None) == "natural_users":
+            raise ConfigError(
+                f"data.partition=NaturalUsers reads FLAIR's users from a file, which data.dataset="
+                f"{self.dataset!r} has none of; set data.partition to IID, Dirichlet or Pathological"
+            )
+        splits = load_dataset(self.dataset, self.root, download=False, synthetic=self.synthetic)
         labels = splits.train_y.numpy()
         proxy = labels if labels.ndim == 1 else _multilabel_proxy(labels)
         val_idx, pool = stratified_holdout(proxy, self.val_fraction, np.random.default_rng([self.seed, 1]))
@@ -206,12 +222,28 @@ class FederatedDataModule(LightningDataModule):
         )
         self.splits = splits
 
-    def to(self, device: torch.device) -> None:
-        """Keep the training tensors on ``device`` (one copy, shared by all clients)."""
-        assert self.splits is not None
+    @property
+    def device(self) -> torch.device:
+        """Where the clients' training tensors are (the host until :meth:`to` moves them)."""
+        assert self.splits is not None, "call setup() first"
+        return self.clients[0].x.device if self.clients else self.splits.train_x.device
+
+    def to(self, device: torch.device | str) -> FederatedDataModule:
+        """Keep the clients' training tensors on ``device`` (one copy, shared by all clients).
+
+        Idempotent and cheap when they are there already. ``splits`` keeps the host copy, so moving
+        back to the CPU copies nothing.
+        """
+        assert self.splits is not None, "call setup() first"
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.device == device:
+            return self
         x, y = self.splits.train_x.to(device), self.splits.train_y.to(device)
         for c in self.clients:
             c.x, c.y = x, y
+        return self
 
     # ------------------------------------------------------------------------------- facts
     @property
@@ -226,7 +258,7 @@ class FederatedDataModule(LightningDataModule):
 
     def fingerprint(self) -> dict[str, Any]:
         """The facts a checkpoint must agree with to be resumed on this data."""
-        return {
+        facts = {
             "data.dataset": self.dataset,
             "data.num_clients": self.num_clients,
             "data.partition": repr(self.partition),
@@ -235,6 +267,9 @@ class FederatedDataModule(LightningDataModule):
             # only when set, so checkpoints written before the option existed still load
             **({"data.val_fraction": self.val_fraction} if self.val_fraction else {}),
         }
+        if is_synthetic(self.dataset):  # generated data: its options are part of what it is
+            facts["data.synthetic"] = repr(self.synthetic or SyntheticData())
+        return facts
 
     # --------------------------------------------------------------------------- loaders
     def train_dataloader(self) -> RoundLoader:

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import derive_seed
+from fl_lightning.functional import derive_seed, module_device, to_device
 from fl_lightning.strategies import register_strategy
 from fl_lightning.strategies.base import Strategy, StrategyWrapper
 from fl_lightning.strategies.fedavg import FedAvg
@@ -60,11 +60,12 @@ class FineTune(StrategyWrapper):
         generator = torch.Generator().manual_seed(derive_seed(self.seed, _FINETUNE_STREAM, data.client_id))
         steps = self.epochs * data.steps_per_epoch(batch_size)
         was_training = module.training
-        device = data.x.device
+        device = module_device(module)  # the data may live elsewhere (e.g. on the host after fit)
         cuda = [device] if device.type == "cuda" else []
         module.train()
         with torch.enable_grad(), torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            for x, y in data.batches(batch_size, steps, generator):
+            for batch in data.batches(batch_size, steps, generator):
+                x, y = to_device(batch, device)
                 optimizer.zero_grad(set_to_none=True)
                 module.task_loss(module(x), y).backward()
                 optimizer.step()

@@ -6,6 +6,7 @@ tests under ``tmp_path``, in the layout torchvision 0.29 expects.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import struct
@@ -15,7 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.data.datasets import DatasetSplits, list_datasets, load_dataset, register_dataset
+from fl_lightning.data.datasets import (
+    DatasetSplits,
+    SyntheticData,
+    list_datasets,
+    load_dataset,
+    register_dataset,
+)
 from fl_lightning.errors import ConfigError
 
 
@@ -209,3 +216,153 @@ def test_cifar100_from_pickled_files(tmp_path, no_md5):
     )
     np.testing.assert_allclose(d.train_x.numpy(), exp_train, atol=1e-5)
     np.testing.assert_allclose(d.test_x.numpy(), exp_test, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------- synthetic
+def small(**kw) -> SyntheticData:
+    return SyntheticData(**{"train_size": 600, "test_size": 200, **kw})
+
+
+def test_synthetic_is_cifar10_shaped_by_default_and_deterministic():
+    a = load_dataset("synthetic", synthetic=small())
+    assert (a.task, a.num_classes, a.input_shape) == ("multiclass", 10, (3, 32, 32))
+    assert a.train_x.shape == (600, 3, 32, 32) and a.test_x.shape == (200, 3, 32, 32)
+    assert a.train_x.dtype == torch.float32 and a.train_y.dtype == torch.int64
+    assert set(a.train_y.tolist()) == set(range(10))
+    mean, std = a.train_x.mean(dim=(0, 2, 3)), a.train_x.std(dim=(0, 2, 3))
+    torch.testing.assert_close(mean, torch.zeros(3), atol=1e-5, rtol=0)  # normalised as the others
+    torch.testing.assert_close(std, torch.ones(3), atol=1e-4, rtol=0)
+    b = load_dataset("synthetic", synthetic=small())
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    c = load_dataset("synthetic", synthetic=small(seed=1))
+    assert not torch.equal(a.train_x, c.train_x)
+    # the test set is its own stream: more training data leaves it as it was (up to normalisation)
+    d = load_dataset("synthetic", synthetic=small(train_size=700))
+    assert torch.equal(a.test_y, d.test_y)
+    assert torch.corrcoef(torch.stack([a.test_x.flatten(), d.test_x.flatten()]))[0, 1] > 0.999
+    assert load_dataset("synthetic").train_x.shape[0] == 10_000  # registered default: 10k / 2k
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "task"),
+    [
+        ("synthetic:cifar100", (3, 32, 32), 100, "multiclass"),
+        ("synthetic:mnist", (1, 28, 28), 10, "multiclass"),
+        ("synthetic:digits", (1, 8, 8), 10, "multiclass"),
+        ("synthetic:tiny_imagenet", (3, 64, 64), 200, "multiclass"),
+        ("synthetic:flair", (3, 32, 32), 17, "multilabel"),
+    ],
+)
+def test_synthetic_presets_mimic_the_named_dataset(name, shape, classes, task):
+    s = load_dataset(name, synthetic=small(train_size=300, test_size=50))
+    assert (s.input_shape, s.num_classes, s.task) == (shape, classes, task)
+    if task == "multilabel":
+        assert s.train_y.shape == (300, classes) and s.train_y.dtype == torch.int64
+        assert s.train_y.sum(dim=1).min() >= 1 and set(s.train_y.unique().tolist()) == {0, 1}
+    assert s.name == name
+
+
+def test_synthetic_options_override_the_preset():
+    s = load_dataset(
+        "synthetic:cifar100", synthetic=small(shape=(2, 5, 7), num_classes=3, multilabel=True, test_size=9)
+    )
+    assert (s.input_shape, s.num_classes, s.task, s.test_x.shape[0]) == ((2, 5, 7), 3, "multilabel", 9)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("synthetic:imagenet", small(), r"data\.dataset='synthetic:imagenet': unknown synthetic preset"),
+        ("synthetic", small(shape=(3, 32)), r"data\.synthetic\.shape=\[3, 32\] must be \[C, H, W\]"),
+        ("synthetic", small(num_classes=1), r"data\.synthetic\.num_classes=1 must be >= 2"),
+        ("synthetic", small(train_size=0), r"data\.synthetic\.train_size=0 and test_size=200"),
+        ("synthetic", small(noise=-1.0), r"data\.synthetic\.noise=-1\.0 must be >= 0"),
+    ],
+)
+def test_synthetic_bad_options_name_the_field(name, options, message):
+    with pytest.raises(ConfigError, match=message):
+        load_dataset(name, synthetic=options)
+
+
+def test_synthetic_is_learnable_but_not_separable_at_a_glance():
+    """A linear classifier learns it well above chance in a few epochs, without reaching 100%."""
+    s = load_dataset("synthetic", synthetic=SyntheticData(train_size=3000, test_size=1000))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(3 * 32 * 32, 10)
+    opt = torch.optim.SGD(linear.parameters(), lr=0.01)
+    x, y = s.train_x.flatten(1), s.train_y
+
+    def test_acc() -> float:
+        with torch.no_grad():
+            return float((linear(s.test_x.flatten(1)).argmax(1) == s.test_y).float().mean())
+
+    first = None
+    for _ in range(3):
+        for idx in torch.randperm(len(y)).split(50):
+            torch.nn.functional.cross_entropy(linear(x[idx]), y[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+            first = test_acc() if first is None else first
+    assert first < 0.5  # one step does not solve it
+    assert 0.6 < test_acc() < 0.99
+    noisy = load_dataset("synthetic", synthetic=SyntheticData(train_size=3000, test_size=1000, noise=20.0))
+    with torch.no_grad():  # more noise: the trained classifier's accuracy drops towards chance
+        assert float((linear(noisy.test_x.flatten(1)).argmax(1) == noisy.test_y).float().mean()) < 0.4
+
+
+def test_synthetic_options_are_part_of_the_checkpoint_fingerprint():
+    from fl_lightning.data import FederatedDataModule
+
+    plain = FederatedDataModule().fingerprint()
+    assert "data.synthetic" not in plain  # checkpoints of the other datasets are unaffected
+    a = FederatedDataModule(dataset="synthetic", synthetic=small()).fingerprint()
+    b = FederatedDataModule(dataset="synthetic", synthetic=small(seed=3)).fingerprint()
+    assert a["data.synthetic"] != b["data.synthetic"]
+
+
+def test_natural_users_with_synthetic_data_is_a_config_error():
+    from fl_lightning.data import FederatedDataModule, NaturalUsers
+
+    dm = FederatedDataModule(dataset="synthetic:flair", partition=NaturalUsers("data/flair.hdf5"))
+    with pytest.raises(ConfigError, match="data.partition=NaturalUsers .* set data.partition to IID"):
+        dm.setup("fit")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides"),
+    [
+        # a CPU-size paper config: the embedded digits become generated digits-shaped data
+        ("configs/fedsmoo/cifar10_dir0.1_cpu.yaml", ["--data.dataset=synthetic:digits"]),
+        # a full paper config (ResNet-18-GN, CIFAR-100), made small enough for a CPU test
+        (
+            "configs/fedsmoo/cifar100_dir0.1.yaml",
+            [
+                "--data.dataset=synthetic:cifar100",
+                "--data.synthetic.train_size=400",
+                "--data.synthetic.test_size=40",
+                "--data.num_clients=20",
+                "--model.clients_per_round=2",
+                "--model.local_steps=1",
+                "--trainer.accelerator=cpu",
+            ],
+        ),
+    ],
+)
+def test_a_paper_config_runs_on_synthetic_data(tmp_path, config, overrides):
+    from fl_lightning.cli import main
+
+    main(
+        [
+            "fit",
+            f"--config={ROOT / config}",
+            *overrides,
+            "--trainer.max_steps=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["rounds"] == 1 and 0.0 <= summary["final_global_acc"] <= 1.0

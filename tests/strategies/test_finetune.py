@@ -26,6 +26,17 @@ def test_zero_epochs_deploys_the_global_model(fit):
     assert plain.client_eval == tuned.client_eval
 
 
+def test_validate_and_test_fine_tune_despite_lightning_inference_mode(fit):
+    """trainer.validate/test run under torch.inference_mode; per-client fine-tuning needs gradients."""
+    module = make_module(FineTune(epochs=1))
+    trainer = fit(module, rounds=1)
+    during_fit = dict(module.client_eval)
+    module.__dict__.pop("_worker")  # as from a checkpoint: the worker is made inside validate
+    val = trainer.validate(module, datamodule=module.datamodule, verbose=False)[0]
+    assert "personal/acc" in val and module.client_eval == during_fit
+    assert "personal/acc" in trainer.test(module, datamodule=module.datamodule, verbose=False)[0]
+
+
 def test_adapt_fine_tunes_deterministically_and_leaves_the_global_rng():
     module = make_module(FineTune(epochs=3, lr=0.05))
     data = make_data()
