@@ -215,6 +215,18 @@ class _DropNoise(logging.Filter):
         return not _NOISE.search(record.getMessage())
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is at the time of the record (redirections and capture included)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        """The stream is always the current ``sys.stdout``."""
+
+
 def list_names(argv: list[str]) -> None:
     """``python -m fl_lightning list [strategies|models|datasets|partitions]``: the names a config takes."""
     parser = argparse.ArgumentParser(
@@ -242,7 +254,7 @@ def main(args: Any = None) -> None:
         return
     logger = logging.getLogger("fl_lightning")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _StdoutHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
