@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fl_lightning.core.local import _CLIENT_STREAM
 from fl_lightning.data import ClientData
-from fl_lightning.functional import derive_seed
-from fl_lightning.loop import _CLIENT_STREAM
+from fl_lightning.functional.tensor import derive_seed
 
 
 def sync(device: torch.device) -> None:

@@ -31,11 +31,11 @@ import torch
 from common import hand_written_fedavg, sync
 from lightning.pytorch import Callback, Trainer
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.data import IID, DatasetSplits, FederatedDataModule, register_dataset
 from fl_lightning.models import SmallCNN
 from fl_lightning.models.resnet import ResNet18GN
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg, FedSMOO, Strategy
 
 DATASET = "benchmark_gpu_synthetic"

@@ -24,10 +24,10 @@ import torch
 from common import hand_written_fedavg
 from lightning.pytorch import Trainer
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.data import Dirichlet, FederatedDataModule
 from fl_lightning.models import SmallCNN
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg
 
 

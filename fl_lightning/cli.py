@@ -16,15 +16,16 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
-from fl_lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
+from fl_lightning.core.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import MODELS
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import list_strategies
 
 #: Trainer defaults that make one training step one round (see FederatedModule).
@@ -210,6 +211,11 @@ _NOISE = re.compile(
 )
 
 
+#: Round metrics are computed from state merged across processes before they are logged, so every rank
+#: logs the same value; Lightning's advice to add ``sync_dist=True`` (a mean over ranks) does not apply.
+_SYNC_DIST_ADVICE = r"It is recommended to use `self.log\('(step'|(global|personal|round|train|test)/)"
+
+
 class _DropNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not _NOISE.search(record.getMessage())
@@ -266,6 +272,7 @@ def main(args: Any = None) -> None:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=f".*({_NOISE.pattern})")
+            warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
             FederatedCLI(args=args)
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")

@@ -9,10 +9,10 @@ import torch
 from lightning.pytorch import Trainer
 
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.data import Dirichlet, FederatedDataModule
 from fl_lightning.models import SmallCNN
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg, Strategy
 
 torch.set_num_threads(1)

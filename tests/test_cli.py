@@ -10,8 +10,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fl_lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.core.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.runs import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,9 +16,9 @@ import torch
 
 from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import main
+from fl_lightning.core.metrics import TaskMetrics
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.data.datasets import SyntheticData
-from fl_lightning.metrics import TaskMetrics
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies
 
 from conftest import global_weights, make_data, make_module, make_trainer
@@ -211,8 +211,8 @@ def test_data_module_to_is_idempotent(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_finetune_and_pfedme_move_host_batches_to_the_module_device(device):
-    from fl_lightning.moreau import personal_steps
-    from fl_lightning.strategies.finetune import FineTune
+    from fl_lightning.functional.moreau import personal_steps
+    from fl_lightning.strategies.plugins.finetune import FineTune
 
     data = synthetic_data()
     data.setup("fit")  # the data stays on the host

@@ -333,7 +333,7 @@ def synthetic_dataset(name: str = SYNTHETIC, options: SyntheticData | None = Non
     Raises:
         ConfigError: For an unknown preset or an invalid option (the message names the field).
     """
-    from fl_lightning.functional import derive_seed
+    from fl_lightning.functional.tensor import derive_seed
 
     opts = options or SyntheticData()
     like = name.split(":", 1)[1] if ":" in name else "cifar10"

@@ -38,8 +38,7 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import register_model
-from fl_lightning.tensorized import (
+from fl_lightning.functional.cp import (
     compression_ratio,
     cp_als,
     cp_num_params,
@@ -47,6 +46,7 @@ from fl_lightning.tensorized import (
     cp_reconstruct,
     rank_for,
 )
+from fl_lightning.models import register_model
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class CPLinear(CPLayer):
     Args:
         in_features: ``I_in``.
         out_features: ``I_out``.
-        rank: CP rank ``R`` (Table I; see :func:`~fl_lightning.tensorized.rank_for`).
+        rank: CP rank ``R`` (Table I; see :func:`~fl_lightning.functional.cp.rank_for`).
         bias: Keep a dense bias ``b`` (the paper's counts leave biases out).
     """
 

@@ -26,14 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from fl_lightning.decomposition import (
+from fl_lightning.errors import ConfigError
+from fl_lightning.functional.decomposition import (
     atom_conv2d,
     conv_from_decomposed,
     orthonormal_atoms,
     reconstruct_filters,
     svd_atoms,
 )
-from fl_lightning.errors import ConfigError
 from fl_lightning.models import register_model
 
 Mode = Literal["reconstruct", "two_stage"]
@@ -106,7 +106,7 @@ class DecomposedConv2d(nn.Module):
 
         ``"random"``: orthonormal random atoms ``D`` and ``alpha = W_flat D^T``, rescaled by
         ``sqrt(k*k/m_a)`` when ``m_a < k*k`` so the reconstructed filters keep the dense init's
-        variance; ``"svd"``: :func:`~fl_lightning.decomposition.svd_atoms` of that bank.
+        variance; ``"svd"``: :func:`~fl_lightning.functional.decomposition.svd_atoms` of that bank.
         """
         dense = torch.empty(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
         nn.init.kaiming_uniform_(dense, a=math.sqrt(5))
@@ -131,7 +131,8 @@ class DecomposedConv2d(nn.Module):
         """A decomposed copy of ``conv``: its filters factored by SVD (exact when ``m_a >= k*k``).
 
         For ``m_a < k*k`` the filters are the best rank-``m_a`` approximation of ``conv.weight``
-        (:func:`~fl_lightning.decomposition.svd_atoms`); the bias and every conv setting are copied.
+        (:func:`~fl_lightning.functional.decomposition.svd_atoms`); the bias and every conv setting are
+        copied.
         """
         layer = cls(
             conv.in_channels,

@@ -1,65 +1,84 @@
 """Federated strategies: one file and one small class each, registered by name.
 
-Every module in this package is imported here, and each strategy class it defines with
-``@register_strategy`` is added to the registry and exported from ``fl_lightning.strategies`` (so a
-YAML config can say ``class_path: fl_lightning.strategies.FedProx`` or just ``FedProx``). Adding a
-strategy is adding a file.
+Every algorithm is imported here explicitly and exported from ``fl_lightning.strategies``, so a YAML
+config can say ``class_path: fl_lightning.strategies.FedProx`` or just ``FedProx``. Plug-ins that wrap
+any strategy live in :mod:`fl_lightning.strategies.plugins`, mixins that change the local step (SAM,
+the Moreau envelope) in :mod:`fl_lightning.strategies.mixins`. Adding a strategy is adding a file and
+one import line here; ``@register_strategy`` lists it (:func:`list_strategies`).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from fl_lightning.errors import ConfigError
-from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy, StrategyWrapper
-
-STRATEGIES: dict[str, type[Strategy]] = {}
-
-
-def register_strategy(cls: type[Strategy]) -> type[Strategy]:
-    """Class decorator adding a :class:`Strategy` subclass to the registry under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name` to be registered")
-    STRATEGIES[cls.name] = cls
-    globals()[cls.__name__] = cls
-    return cls
-
-
-def list_strategies() -> list[str]:
-    """Class names of all registered strategies: the values ``--model.strategy`` takes (``FedProx``)."""
-    return sorted((cls.__name__ for cls in STRATEGIES.values()), key=str.lower)
-
-
-def get_strategy(name: str, **kwargs: object) -> Strategy:
-    """Instantiate a registered strategy by class name (``FedProx``) or registry name (``fedprox``).
-
-    Both are matched case-insensitively.
-    """
-    key = name.lower()
-    cls = STRATEGIES.get(key) or next((c for c in STRATEGIES.values() if c.__name__.lower() == key), None)
-    if cls is None:
-        raise ConfigError(
-            f"model.strategy={name!r} is not a known strategy; choose one of {', '.join(list_strategies())}"
-        )
-    return cls(**kwargs)
-
-
-for _info in pkgutil.iter_modules(__path__):
-    if _info.name != "base":
-        importlib.import_module(f"{__name__}.{_info.name}")
-
-from fl_lightning.strategies.fedavg import FedAvg  # noqa: E402  (re-exported for type checkers)
-from fl_lightning.strategies.fedprox import FedProx  # noqa: E402
+from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.strategies.base import (
+    STRATEGIES,
+    Strategy,
+    StrategyWrapper,
+    get_strategy,
+    list_strategies,
+    register_strategy,
+)
+from fl_lightning.strategies.ditto import Ditto
+from fl_lightning.strategies.fedadam import FedAdam
+from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategies.fedavgm import FedAvgM
+from fl_lightning.strategies.fedcm import FedCM
+from fl_lightning.strategies.feddc import FedDC
+from fl_lightning.strategies.feddecorr import FedDecorr
+from fl_lightning.strategies.feddyn import FedDyn
+from fl_lightning.strategies.fedexp import FedExP
+from fl_lightning.strategies.fedgamma import FedGamma
+from fl_lightning.strategies.fedper import FedPer
+from fl_lightning.strategies.fedprox import FedProx
+from fl_lightning.strategies.fedrep import FedRep
+from fl_lightning.strategies.fedsam import FedSAM
+from fl_lightning.strategies.fedsmoo import FedSMOO
+from fl_lightning.strategies.fedspeed import FedSpeed
+from fl_lightning.strategies.lg_fedavg import LGFedAvg
+from fl_lightning.strategies.local import Local
+from fl_lightning.strategies.mofedsam import MoFedSAM
+from fl_lightning.strategies.moon import MOON
+from fl_lightning.strategies.pfedme import PFedMe
+from fl_lightning.strategies.plugins.fast_slow import FastSlow
+from fl_lightning.strategies.plugins.fedcog import FedCOG
+from fl_lightning.strategies.plugins.finetune import FineTune
+from fl_lightning.strategies.plugins.personal_atoms import PersonalAtoms
+from fl_lightning.strategies.scaffold import Scaffold
+from fl_lightning.strategies.tdpfed import TDPFed
 
 __all__ = [
+    "MOON",
     "STRATEGIES",
     "ClientContext",
+    "Ditto",
+    "FastSlow",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
+    "FedCM",
+    "FedCOG",
+    "FedDC",
+    "FedDecorr",
+    "FedDyn",
+    "FedExP",
+    "FedGamma",
+    "FedPer",
     "FedProx",
+    "FedRep",
+    "FedSAM",
+    "FedSMOO",
+    "FedSpeed",
+    "FineTune",
+    "LGFedAvg",
+    "Local",
+    "MoFedSAM",
+    "PFedMe",
+    "PersonalAtoms",
     "RoundInfo",
+    "Scaffold",
     "Strategy",
     "StrategyWrapper",
+    "TDPFed",
     "get_strategy",
     "list_strategies",
     "register_strategy",

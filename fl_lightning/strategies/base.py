@@ -1,6 +1,6 @@
 """The strategy API: one class holds both sides of one federated algorithm.
 
-A round of the :class:`~fl_lightning.loop.FederatedLoop` calls, in order::
+A round of the :class:`~fl_lightning.core.round.FederatedLoop` calls, in order::
 
     server: message(model, client_id, round)           -> payload sent down
     client: on_client_start(module, ctx)                  (after the loop loaded message["weights"])
@@ -30,70 +30,19 @@ loads them for evaluation. Subclasses that override these hooks call ``super()``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.functional import Payload, load_tensors, pseudo_gradient, shared_state
+from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.errors import ConfigError
+from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient, shared_state
 
 if TYPE_CHECKING:
     from fl_lightning.data.federated import ClientData
 
 PERSONAL = "personal/"
-
-
-@dataclass
-class ClientContext:
-    """What a client knows during its local work in one round (the inputs of its work function).
-
-    Attributes:
-        client_id: The client's index in ``0..num_clients-1``.
-        round: The 0-based round index.
-        message: What the server sent (read-only; tensors may alias the global model).
-        state: The client's persistent tensors; strategies read and write it in place.
-        num_samples: Size of the client's local training split (its aggregation weight).
-        num_steps: Local optimizer steps this round (``K``).
-        lr: The local learning rate of this round (after the per-round decay).
-        strategy: The strategy running this client.
-        step: Local steps completed so far in this round.
-        scratch: Per-round scratch space for the strategy (dropped after the round).
-        data: The client's local data (index arrays into the shared training tensors; read-only),
-            for strategies that need more than its size, e.g. its label counts or input shape
-            (FedCOG). None when a context is built outside the round loop.
-    """
-
-    client_id: int
-    round: int
-    message: Payload
-    state: dict[str, Tensor]
-    num_samples: int
-    num_steps: int
-    lr: float
-    strategy: Strategy
-    step: int = 0
-    scratch: dict[str, Any] = field(default_factory=dict)
-    data: ClientData | None = None
-
-
-@dataclass
-class RoundInfo:
-    """What the server knows when it aggregates a round.
-
-    Attributes:
-        round: The 0-based round index.
-        sampled: Client ids sampled this round.
-        aggregated: Client ids whose uploads entered the aggregate (failed clients excluded).
-        num_clients: Total number of clients ``m`` in the federation.
-        weight_totals: Sum of aggregation weights per payload group.
-    """
-
-    round: int
-    sampled: list[int]
-    aggregated: list[int]
-    num_clients: int
-    weight_totals: dict[str, float] = field(default_factory=dict)
 
 
 class Strategy(nn.Module):
@@ -332,3 +281,33 @@ class StrategyWrapper(Strategy):
 
     def extra_repr(self) -> str:
         return ""
+
+
+STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator adding a :class:`Strategy` subclass to the registry under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name` to be registered")
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+def list_strategies() -> list[str]:
+    """Class names of all registered strategies: the values ``--model.strategy`` takes (``FedProx``)."""
+    return sorted((cls.__name__ for cls in STRATEGIES.values()), key=str.lower)
+
+
+def get_strategy(name: str, **kwargs: object) -> Strategy:
+    """Instantiate a registered strategy by class name (``FedProx``) or registry name (``fedprox``).
+
+    Both are matched case-insensitively.
+    """
+    key = name.lower()
+    cls = STRATEGIES.get(key) or next((c for c in STRATEGIES.values() if c.__name__.lower() == key), None)
+    if cls is None:
+        raise ConfigError(
+            f"model.strategy={name!r} is not a known strategy; choose one of {', '.join(list_strategies())}"
+        )
+    return cls(**kwargs)

@@ -9,11 +9,11 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.buffers import TensorBuffers
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload, load_tensors, proximal_term, shared_state
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, Strategy
+from fl_lightning.functional.tensor import Payload, load_tensors, proximal_term, shared_state
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: Prefix of a client's personal model ``v_k`` in its state (not ``personal/``: it never replaces the
 #: received global model during training, only at evaluation).

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import adam_direction, adam_moments, trainable_parameters
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import RoundInfo
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import RoundInfo, Strategy
+from fl_lightning.functional.corrections import adam_direction, adam_moments, trainable_parameters
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import Strategy
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy

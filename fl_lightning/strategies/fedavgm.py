@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import Strategy
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy

@@ -7,12 +7,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import fedcm_directions_, trainable_parameters
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy
+from fl_lightning.functional.corrections import fedcm_directions_, trainable_parameters
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: Upload group carrying the client's ``K * eta`` (one scalar) for the server's normalisation.
 STEPS = "fedcm"

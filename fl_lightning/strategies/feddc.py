@@ -7,12 +7,17 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import add_grads_, feddc_gradients, fill_missing, trainable_parameters
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, RoundInfo
+from fl_lightning.functional.corrections import (
+    add_grads_,
+    feddc_gradients,
+    fill_missing,
+    trainable_parameters,
+)
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.scaffold import TERMS, Scaffold
 
 #: ``ctx.state`` prefix of the client's local drift ``h_i`` (one entry per trainable parameter).

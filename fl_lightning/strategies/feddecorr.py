@@ -6,11 +6,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.representation import FeatureTap, decorrelation_loss, features_of
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, Strategy
+from fl_lightning.functional.representation import FeatureTap, decorrelation_loss, features_of
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 _TAP = "feddecorr/tap"
 
@@ -26,12 +26,12 @@ class FedDecorr(Strategy):
     where ``K`` is the correlation matrix of ``z`` (each dimension standardised over the batch). It
     pushes the singular values of the representation apart from collapsing to a few directions under
     heterogeneous data. The server aggregates as FedAvg. The representation is the input of the
-    network's last linear layer (see :mod:`fl_lightning.representation`), read from the training
+    network's last linear layer (see :mod:`fl_lightning.functional.representation`), read from the training
     forward pass. With ``beta = 0`` it is FedAvg exactly.
 
     The official code's loss is about ``N`` times this one (see
-    :func:`~fl_lightning.representation.decorrelation_loss`), so its ``beta`` (0.1; 0.01 in the FedCOG
-    paper) corresponds to a ``beta`` about ``N`` times larger here.
+    :func:`~fl_lightning.functional.representation.decorrelation_loss`), so its ``beta`` (0.1; 0.01 in the
+    FedCOG paper) corresponds to a ``beta`` about ``N`` times larger here.
 
     Args:
         beta: Weight of the decorrelation term.

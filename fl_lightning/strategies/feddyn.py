@@ -7,18 +7,18 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import (
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.errors import ConfigError
+from fl_lightning.functional.corrections import (
     add_grads_,
     feddyn_dual_updates,
     feddyn_gradients,
     fill_missing,
     trainable_parameters,
 )
-from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload, load_tensors
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy
+from fl_lightning.functional.tensor import Payload, load_tensors
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: ``ctx.state`` prefix of the client dual ``lambda_i`` (one entry per trainable parameter).
 DUAL = "dual/"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 _GROUP = "fedexp"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fl_lightning.sam import SharpnessAware, check_sam_args
-from fl_lightning.strategies import register_strategy
+from fl_lightning.strategies.base import register_strategy
+from fl_lightning.strategies.mixins.sharpness import SharpnessAware, check_sam_args
 from fl_lightning.strategies.scaffold import Scaffold
 
 
@@ -22,10 +22,11 @@ class FedGamma(SharpnessAware, Scaffold):
         w \\leftarrow w - \\eta \\big[\\mathrm{clip}(\\nabla f_i(w + e; \\xi) - c_i + c)
         + \\mathrm{wd} \\, w\\big]
 
-    (:class:`~fl_lightning.sam.SharpnessAware`: one gradient norm, same batch, the ascent on the task
-    gradient only, the variance-reduction correction applied at ``w``). The control variates and the
-    server update are SCAFFOLD's option II (:class:`Scaffold`): 2x FedAvg each way (``w``, ``c``
-    down; ``w_i``, ``c_i`` update up; spec P10). With ``rho = 0`` and no clipping it is SCAFFOLD.
+    (:class:`~fl_lightning.strategies.mixins.sharpness.SharpnessAware`: one gradient norm, same batch, the
+    ascent on the task gradient only, the variance-reduction correction applied at ``w``). The control
+    variates and the server update are SCAFFOLD's option II (:class:`Scaffold`): 2x FedAvg each way
+    (``w``, ``c`` down; ``w_i``, ``c_i`` update up; spec P10). With ``rho = 0`` and no clipping it is
+    SCAFFOLD.
 
     Args:
         rho: SAM radius (0.01 in the reference simulator's README).

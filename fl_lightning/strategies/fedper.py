@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from fl_lightning.representation import head_names
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import Strategy
+from fl_lightning.functional.representation import head_names
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy
@@ -28,7 +27,7 @@ class FedPer(Strategy):
     Args:
         head: The personal layers: a count of last ``nn.Linear`` layers (1: the classifier, as in
             the FedRep/FedPAC code for the CIFAR CNN) or module names (see
-            :func:`fl_lightning.representation.head_names`).
+            :func:`fl_lightning.functional.representation.head_names`).
         server_lr: Server learning rate on the pseudo-gradient of the body.
     """
 

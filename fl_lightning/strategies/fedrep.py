@@ -8,10 +8,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.fedper import FedPer
 
 
@@ -47,7 +47,7 @@ class FedRep(FedPer):
 
     Args:
         head: The personal layers: a count of last ``nn.Linear`` layers or module names (see
-            :func:`fl_lightning.representation.head_names`).
+            :func:`fl_lightning.functional.representation.head_names`).
         head_epochs: Share of the head phase (paper: 10).
         body_epochs: Share of the representation phase (paper: 1).
         server_lr: Server learning rate on the pseudo-gradient of the representation.

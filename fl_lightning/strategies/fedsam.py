@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fl_lightning.sam import SharpnessAware, check_sam_args
-from fl_lightning.strategies import register_strategy
+from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategies.mixins.sharpness import SharpnessAware, check_sam_args
 
 
 @register_strategy
@@ -22,7 +22,8 @@ class FedSAM(SharpnessAware, FedAvg):
         w \\leftarrow w - \\eta \\big[\\mathrm{clip}(\\nabla f_i(w + e; \\xi)) + \\mathrm{wd} \\, w\\big]
 
     with one gradient norm over all parameters, the same mini-batch for both passes and weight decay
-    applied by the optimizer (:class:`~fl_lightning.sam.SharpnessAware`). The server is FedAvg:
+    applied by the optimizer (:class:`~fl_lightning.strategies.mixins.sharpness.SharpnessAware`). The server
+    is FedAvg:
     ``w^{t+1} = w^t - eta_s (w^t - mean_k w_k)``. One model each way per round (spec P10).
     With ``rho = 0`` and no clipping it is FedAvg bit for bit.
 

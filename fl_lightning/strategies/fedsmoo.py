@@ -7,14 +7,15 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import trainable_parameters
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.sam import SAM_PARAMS, Grads, SharpnessAware, check_sam_args, sam_offsets
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, RoundInfo
+from fl_lightning.functional.corrections import trainable_parameters
+from fl_lightning.functional.sharpness import Grads, sam_offsets
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.feddyn import FedDyn
+from fl_lightning.strategies.mixins.sharpness import SAM_PARAMS, SharpnessAware, check_sam_args
 
 MU = "fedsmoo/mu/"
 LAST = "fedsmoo/last_offsets"

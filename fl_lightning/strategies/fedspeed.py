@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
-from fl_lightning.sam import Grads, SharpnessAware, check_sam_args
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext
+from fl_lightning.functional.sharpness import Grads
+from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.feddyn import FedDyn
+from fl_lightning.strategies.mixins.sharpness import SharpnessAware, check_sam_args
 
 FIRST = "fedspeed/first_grads"  # buffers holding g_1 of the current step
 

@@ -6,10 +6,9 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from fl_lightning.functional import shared_state
-from fl_lightning.representation import head_names
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import Strategy
+from fl_lightning.functional.representation import head_names
+from fl_lightning.functional.tensor import shared_state
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy
@@ -30,7 +29,7 @@ class LGFedAvg(Strategy):
 
     Args:
         head: The global layers: a count of last ``nn.Linear`` layers or module names (see
-            :func:`fl_lightning.representation.head_names`). The FedRep code shares the last two
+            :func:`fl_lightning.functional.representation.head_names`). The FedRep code shares the last two
             linear layers of its CIFAR CNN (``fc2``, ``fc3``): ``head: 2`` (the default 1 shares the
             classifier only).
         server_lr: Server learning rate on the pseudo-gradient of the global layers.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fl_lightning.sam import SharpnessAware, check_sam_args
-from fl_lightning.strategies import register_strategy
+from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.fedcm import FedCM
+from fl_lightning.strategies.mixins.sharpness import SharpnessAware, check_sam_args
 
 
 @register_strategy
@@ -24,10 +24,10 @@ class MoFedSAM(SharpnessAware, FedCM):
         w \\leftarrow w - \\eta \\big[\\mathrm{clip}(\\alpha \\nabla f_i(w + e; \\xi)
         + (1 - \\alpha) \\Delta^t) + \\mathrm{wd} \\, w\\big]
 
-    (:class:`~fl_lightning.sam.SharpnessAware`: one gradient norm, same batch, the ascent on the task
-    gradient only, FedCM's correction applied at ``w``). The server aggregates as FedCM. Two model-size
-    vectors down (``w``, ``Delta``), as FedCM (Table 3 accounting: 2x FedAvg, spec P10). With
-    ``rho = 0`` and no clipping it is FedCM.
+    (:class:`~fl_lightning.strategies.mixins.sharpness.SharpnessAware`: one gradient norm, same batch, the
+    ascent on the task gradient only, FedCM's correction applied at ``w``). The server aggregates as
+    FedCM. Two model-size vectors down (``w``, ``Delta``), as FedCM (Table 3 accounting: 2x FedAvg,
+    spec P10). With ``rho = 0`` and no clipping it is FedCM.
 
     Args:
         rho: SAM radius (0.01 in the FedSMOO paper's experiments, Sec. 5.1).

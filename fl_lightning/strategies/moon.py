@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import Payload
-from fl_lightning.representation import (
+from fl_lightning.functional.representation import (
     FeatureTap,
     features_of,
     frozen,
@@ -17,8 +17,8 @@ from fl_lightning.representation import (
     previous_model,
     save_previous_model,
 )
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, Strategy
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 _TAP = "moon/tap"
 
@@ -39,8 +39,8 @@ class MOON(Strategy):
     aggregates as FedAvg.
 
     The representation is the input of the network's last linear layer (see
-    :mod:`fl_lightning.representation`): the FedCOG paper's CNNs have no projection head, unlike MOON's
-    own networks. ``z`` is read from the training forward pass itself (no extra pass); the frozen
+    :mod:`fl_lightning.functional.representation`): the FedCOG paper's CNNs have no projection head, unlike
+    MOON's own networks. ``z`` is read from the training forward pass itself (no extra pass); the frozen
     global and previous models run in eval mode without gradients. A client with no previous model
     (its first round) uses the global model in its place, as MOON's code does in round 0; the term is
     then the constant ``log 2`` and is skipped. With ``mu = 0`` it is FedAvg exactly.

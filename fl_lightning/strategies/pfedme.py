@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fl_lightning.moreau import MoreauEnvelope
-from fl_lightning.strategies import register_strategy
+from fl_lightning.strategies.base import register_strategy
+from fl_lightning.strategies.mixins.moreau import MoreauEnvelope
 
 
 @register_strategy

@@ -7,11 +7,16 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.buffers import TensorBuffers
-from fl_lightning.corrections import add_grads_, fill_missing, scaffold_control_update, trainable_parameters
-from fl_lightning.functional import Payload
-from fl_lightning.strategies import register_strategy
-from fl_lightning.strategies.base import ClientContext, RoundInfo, Strategy
+from fl_lightning.core.buffers import TensorBuffers
+from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.functional.corrections import (
+    add_grads_,
+    fill_missing,
+    scaffold_control_update,
+    trainable_parameters,
+)
+from fl_lightning.functional.tensor import Payload
+from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: ``ctx.state`` prefix of the client control variate ``c_i`` (one entry per trainable parameter).
 CONTROL = "control/"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import fl_lightning.data.flair as flair
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.data import FederatedDataModule, load_dataset
 from fl_lightning.data.flair import (
     FLAIR_LABELS,
@@ -20,7 +21,6 @@ from fl_lightning.data.flair import (
 )
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import SmallCNN
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg, FedCOG
 
 # (user, split) -> label strings of its images; images are filled with a value identifying them

@@ -5,10 +5,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.client import ClientModule
-from fl_lightning.decomposition import cross_term_expansion, reconstruct_filters
+from fl_lightning.core.aggregation import Aggregator
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.errors import ConfigError
-from fl_lightning.loop import Aggregator
+from fl_lightning.functional.decomposition import cross_term_expansion, reconstruct_filters
 from fl_lightning.models import Decomposed, LeNet, SmallCNN
 from fl_lightning.models.decomposed import (
     DecomposedConv2d,
@@ -17,7 +18,6 @@ from fl_lightning.models.decomposed import (
     decompose,
     decomposed_layers,
 )
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import STRATEGIES, FastSlow, FedAvg, PersonalAtoms, RoundInfo, get_strategy
 
 from conftest import global_weights, make_data

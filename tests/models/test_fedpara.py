@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import FedPara, LeNet, SmallCNN
 from fl_lightning.models.fedpara import (
@@ -14,7 +15,6 @@ from fl_lightning.models.fedpara import (
     fedpara_num_params,
     fedpara_rank,
 )
-from fl_lightning.server import FederatedModule
 
 
 def _numel(module):

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from fl_lightning.functional.cp import cp_factor_grads
 from fl_lightning.models import DNN, VGG8, create_model
 from fl_lightning.models.cp import DENSE, clear_dense_weights, cp_layers, dense_weights, set_dense_weights
-from fl_lightning.moreau import fit_loss
-from fl_lightning.tensorized import cp_factor_grads
+from fl_lightning.strategies.mixins.moreau import fit_loss
 
 
 def weight_count(model):

@@ -8,10 +8,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.local import LocalConfig
+from fl_lightning.core.round import FederatedLoop
+from fl_lightning.core.state import ClientStateStore
 from fl_lightning.data.federated import ClientData
-from fl_lightning.loop import FederatedLoop, LocalConfig
-from fl_lightning.state import ClientStateStore
 from fl_lightning.strategies import Strategy
 
 from conftest import global_weights, make_data, make_trainer

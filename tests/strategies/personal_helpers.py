@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fl_lightning.functional import Payload
+from fl_lightning.functional.tensor import Payload
 from fl_lightning.strategies import Strategy
 
 

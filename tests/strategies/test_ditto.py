@@ -5,11 +5,11 @@ import torch
 from drift_helpers import least_squares_module, single_client
 from personal_helpers import personal_model
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.local import LocalConfig, train_client
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.errors import ConfigError
-from fl_lightning.loop import LocalConfig, train_client
 from fl_lightning.models import LeNet
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import Ditto, FedAvg, Local
 from fl_lightning.strategies.base import PERSONAL
 from fl_lightning.strategies.ditto import DITTO

@@ -5,9 +5,10 @@ import torch
 from torch import nn
 
 from fl_lightning import strategies
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import STRATEGIES, FedAvg, FedProx, RoundInfo, get_strategy, list_strategies
-from fl_lightning.strategies.base import PERSONAL, ClientContext
+from fl_lightning.strategies.base import PERSONAL
 
 from conftest import global_weights, make_data, make_module
 

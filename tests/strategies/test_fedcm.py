@@ -5,8 +5,8 @@ import torch
 from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 from torch import nn
 
+from fl_lightning.core.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
-from fl_lightning.loop import LocalConfig, train_client
 from fl_lightning.strategies import FedAvg, FedCM, RoundInfo
 
 from conftest import global_weights, make_module

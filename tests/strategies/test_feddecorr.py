@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.representation import decorrelation_loss
+from fl_lightning.functional.representation import decorrelation_loss
 from fl_lightning.strategies import FedAvg, FedDecorr
 
 from conftest import global_weights, make_module

@@ -13,8 +13,8 @@ from drift_helpers import (
 )
 from torch import nn
 
+from fl_lightning.core.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
-from fl_lightning.loop import LocalConfig, train_client
 from fl_lightning.strategies import FedAvg, FedDyn, RoundInfo
 
 from conftest import make_data, make_module

@@ -5,7 +5,7 @@ import torch
 from personal_helpers import personal_model, record_payloads
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.representation import head_names
+from fl_lightning.functional.representation import head_names
 from fl_lightning.strategies import FedPer
 from fl_lightning.strategies.base import PERSONAL
 

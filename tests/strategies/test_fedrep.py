@@ -5,7 +5,7 @@ import torch
 from personal_helpers import record_payloads
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.representation import head_names
+from fl_lightning.functional.representation import head_names
 from fl_lightning.strategies import FedRep
 from fl_lightning.strategies.fedrep import head_steps
 

@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.sam import global_norm
+from fl_lightning.functional.sharpness import global_norm
 from fl_lightning.strategies import FedAvg, FedDyn, FedSAM, FedSMOO
 from fl_lightning.strategies.fedsmoo import GROUP, MU
 

@@ -18,10 +18,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fl_lightning.client import ClientModule
-from fl_lightning.loop import FederatedLoop, LocalConfig
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.local import LocalConfig
+from fl_lightning.core.round import FederatedLoop
+from fl_lightning.core.state import ClientStateStore
 from fl_lightning.models import MLP
-from fl_lightning.state import ClientStateStore
 from fl_lightning.strategies import (
     FedCM,
     FedDC,
@@ -152,7 +153,7 @@ def test_the_counter_sees_a_loop_over_tensors():
 
 def test_list_rules_equal_the_per_tensor_rules_bit_for_bit():
     from fl_lightning import corrections as c
-    from fl_lightning.sam import clip_grads_
+    from fl_lightning.functional.sharpness import clip_grads_
 
     g = torch.Generator().manual_seed(0)
     shapes = [(3, 4), (5,), (2, 2, 2)]

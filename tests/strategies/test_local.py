@@ -3,7 +3,7 @@
 import torch
 from personal_helpers import personal_model, record_payloads
 
-from fl_lightning.loop import train_client
+from fl_lightning.core.local import train_client
 from fl_lightning.strategies import FedAvg, Local
 from fl_lightning.strategies.base import PERSONAL
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
-from fl_lightning.representation import (
+from fl_lightning.functional.representation import (
     PREVIOUS,
     FeatureTap,
     features_of,
@@ -15,7 +16,6 @@ from fl_lightning.representation import (
     previous_model,
 )
 from fl_lightning.strategies import MOON, FedAvg
-from fl_lightning.strategies.base import ClientContext
 
 from conftest import global_weights, make_data, make_module
 

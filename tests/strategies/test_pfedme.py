@@ -5,15 +5,15 @@ import copy
 import pytest
 import torch
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
+from fl_lightning.core.types import ClientContext
 from fl_lightning.data import FederatedDataModule, Pathological
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import load_tensors, shared_state
+from fl_lightning.functional.tensor import load_tensors, shared_state
 from fl_lightning.models import DNN
-from fl_lightning.moreau import SCRATCH, THETA
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import PFedMe, RoundInfo
-from fl_lightning.strategies.base import ClientContext
+from fl_lightning.strategies.mixins.moreau import SCRATCH, THETA
 
 from conftest import global_weights
 

@@ -8,18 +8,20 @@ import torch
 from torch.func import functional_call
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from fl_lightning.client import ClientModule
+from fl_lightning.core.aggregation import Aggregator
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
+from fl_lightning.core.round import num_sampled, sample_clients
+from fl_lightning.core.types import ClientContext
 from fl_lightning.data import FederatedDataModule, Pathological
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional import load_tensors, payload_bytes, shared_state
-from fl_lightning.loop import Aggregator, num_sampled, sample_clients
+from fl_lightning.functional.cp import act_tensor, afm, cp_als, cp_factor_grads, cp_reconstruct
+from fl_lightning.functional.tensor import load_tensors, payload_bytes, shared_state
 from fl_lightning.models import DNN
 from fl_lightning.models.cp import cp_layers, dense_weights
-from fl_lightning.moreau import SCRATCH, THETA, fit_loss
-from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import FedAvg, PFedMe, RoundInfo, TDPFed
-from fl_lightning.strategies.base import ClientContext, Strategy
-from fl_lightning.tensorized import act_tensor, afm, cp_als, cp_factor_grads, cp_reconstruct
+from fl_lightning.strategies.base import Strategy
+from fl_lightning.strategies.mixins.moreau import SCRATCH, THETA, fit_loss
 
 from conftest import global_weights
 

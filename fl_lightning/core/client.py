@@ -1,0 +1,120 @@
+"""The client: a LightningModule whose ``training_step`` adds the strategy's local term."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import Tensor, nn
+
+from fl_lightning.core.types import ClientContext
+from fl_lightning.errors import ConfigError
+from fl_lightning.models.cnn import SmallCNN
+
+
+class ClientModule(LightningModule):
+    """A federated client: the network, its task loss, its local optimizer.
+
+    One instance holds the global model on the server; the round loop trains a working copy of it
+    for each sampled client in turn (weights loaded from the server's message), so hundreds of
+    clients cost one model in memory. During local training ``self.fl`` is the
+    :class:`~fl_lightning.strategies.ClientContext` of the client being trained; outside it is None.
+
+    The local objective at every step is ``task_loss(outputs, y) + strategy.local_loss(...)``.
+    Subclass and override :meth:`task_loss`, :meth:`training_step` or :meth:`configure_optimizers`
+    for other tasks; keep calling :meth:`local_term` so strategies still apply.
+
+    Args:
+        net: The network (any ``nn.Module`` mapping a batch of inputs to logits); None gives
+            ``SmallCNN(in_channels=1, num_classes=10)``, the default for the embedded digits data.
+        task: ``"multiclass"`` (softmax cross-entropy, integer targets) or ``"multilabel"``
+            (sigmoid binary cross-entropy, 0/1 target vectors).
+        optimizer: Local optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"``.
+        lr: Local learning rate at round 0 (the loop multiplies it by ``lr_decay ** round``).
+        momentum: SGD momentum (local; the buffer is reset every round as in the papers).
+        weight_decay: Weight decay applied by the optimizer (``L2`` for SGD/Adam, decoupled for AdamW).
+    """
+
+    def __init__(
+        self,
+        net: nn.Module | None = None,
+        task: Literal["multiclass", "multilabel"] = "multiclass",
+        optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if task not in ("multiclass", "multilabel"):
+            raise ConfigError(f"model.client.task={task!r} must be 'multiclass' or 'multilabel'")
+        if optimizer not in ("sgd", "adam", "adamw"):
+            raise ConfigError(f"model.client.optimizer={optimizer!r} must be one of sgd, adam, adamw")
+        if lr <= 0:
+            raise ConfigError(f"model.client.lr={lr} must be > 0")
+        self.net = SmallCNN(in_channels=1, num_classes=10) if net is None else net
+        self.task = task
+        self.optimizer_name = optimizer
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.fl: ClientContext | None = None
+        self._train_sums: list | None = None  # [sum of loss*n, correct, n]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def task_loss(self, outputs: Tensor, target: Tensor) -> Tensor:
+        """Mean cross-entropy (multiclass) or mean binary cross-entropy over labels (multilabel)."""
+        if self.task == "multiclass":
+            return F.cross_entropy(outputs, target)
+        return F.binary_cross_entropy_with_logits(outputs, target.to(outputs.dtype))
+
+    def local_term(self, batch: Any, outputs: Tensor) -> Tensor | None:
+        """The strategy's local term for this step (None outside federated training or if none)."""
+        ctx = self.fl
+        if ctx is None:
+            return None
+        return ctx.strategy.local_loss(self, ctx, batch, outputs)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        outputs = self(x)
+        loss = self.task_loss(outputs, y)
+        self._track_train(outputs, y, loss)
+        extra = self.local_term(batch, outputs)
+        return loss if extra is None else loss + extra
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+
+    # ---------------------------------------------------------------- cheap training statistics
+    def reset_train_stats(self) -> None:
+        """Start a new local run's running sums (called by the loop before local training)."""
+        self._train_sums = None
+
+    def _track_train(self, outputs: Tensor, target: Tensor, loss: Tensor) -> None:
+        n = target.shape[0]
+        outputs = outputs.detach()
+        if self.task == "multiclass":
+            correct = (outputs.argmax(dim=1) == target).sum()
+        else:  # label-wise accuracy at threshold 0.5
+            correct = ((outputs > 0) == target.bool()).float().mean(dim=1).sum()
+        weighted = loss.detach() * n
+        sums = self._train_sums
+        if sums is not None:
+            weighted, correct, n = sums[0] + weighted, sums[1] + correct, sums[2] + n
+        self._train_sums = [weighted, correct, n]
+
+    def train_stats(self) -> dict[str, float]:
+        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats`."""
+        if self._train_sums is None:
+            return {}
+        loss_sum, correct, n = self._train_sums
+        return {"train_loss": float(loss_sum) / n, "train_acc": float(correct) / n}

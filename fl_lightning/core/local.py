@@ -1,0 +1,201 @@
+"""A client's local work in one round, and evaluation of a model on batches.
+
+A client's work (:func:`train_client`) is a function of what the server sends, the client's state,
+its data and its RNG stream (derived from ``(seed, round, client_id)``), so it gives the same result
+whichever process runs it and however many rounds ran before a resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.metrics import TaskMetrics
+from fl_lightning.core.types import ClientContext, ClientResult
+from fl_lightning.data.federated import ClientData
+from fl_lightning.functional.sharpness import clip_grads_
+from fl_lightning.functional.tensor import (
+    Payload,
+    derive_seed,
+    load_tensors,
+    module_device,
+    payload_bytes,
+    seed_rng,
+    to_device,
+)
+
+if TYPE_CHECKING:
+    from fl_lightning.strategies.base import Strategy
+
+_CLIENT_STREAM = 0xC11
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, batches: Any, metrics: TaskMetrics, precision: Any = None) -> None:
+    """Update ``metrics`` with ``module``'s outputs on ``batches`` (eval mode, restored after).
+
+    Each batch is moved to ``module``'s device first, wherever the data lives (e.g. the data module's
+    tensors on the GPU and the module back on the CPU after ``fit``), and so are the metric states.
+    """
+    was_training = module.training
+    module.eval()
+    device = module_device(module)
+    metrics.to(device)
+    ctx = precision.val_step_context() if precision is not None else contextlib.nullcontext()
+    with ctx:
+        for batch in batches:
+            x, y = to_device(batch, device)
+            if precision is not None:
+                x = precision.convert_input(x)
+            metrics.update(module(x).float(), y)
+    module.train(was_training)
+
+
+@dataclass
+class LocalConfig:
+    """How much local work a client does and how (shared by all clients of a run)."""
+
+    batch_size: int
+    local_epochs: int = 1
+    local_steps: int | None = None
+    lr_decay: float = 1.0
+    grad_clip_norm: float | None = None
+    seed: int = 0
+    compile: bool | str = False
+
+    def compile_mode(self, device: torch.device) -> str | None:
+        """The ``torch.compile`` mode of the clients' forward pass (None: eager).
+
+        ``True`` is ``"reduce-overhead"`` (CUDA graphs: one launch per step instead of one per kernel)
+        on a CUDA device and ``"default"`` elsewhere; a string is the mode itself.
+        """
+        if self.compile is False:
+            return None
+        if self.compile is True:
+            return "reduce-overhead" if device.type == "cuda" else "default"
+        return str(self.compile)
+
+    def num_steps(self, data: ClientData) -> int:
+        if self.local_steps is not None:
+            return self.local_steps
+        return self.local_epochs * data.steps_per_epoch(self.batch_size)
+
+
+def train_client(
+    worker: ClientModule,
+    strategy: Strategy,
+    message: Payload,
+    state: dict[str, Tensor],
+    data: ClientData,
+    round: int,
+    config: LocalConfig,
+    precision: Any = None,
+    eval_metrics: TaskMetrics | None = None,
+) -> ClientResult:
+    """Run one client's local work for one round on ``worker`` and return its upload and state.
+
+    Steps: load ``message["weights"]`` into the worker; ``strategy.on_client_start``; build the
+    local optimizer (``strategy.configure_client_optimizer``) and set its lr to
+    ``lr_0 * lr_decay ** round``; run ``K`` steps of ``optimizer.step(closure)`` where the closure
+    computes ``training_step`` (task loss + local term), backward, the strategy's and module's
+    ``on_before_optimizer_step`` hooks and optional clipping (closure-based, so SAM-type optimizers
+    can call it twice); collect ``strategy.upload``; evaluate on the local test split if any.
+    Randomness (batch order, dropout) comes from a stream seeded by ``(seed, round, client_id)``.
+    """
+    device = next(worker.parameters()).device
+    cid = data.client_id
+    seed = derive_seed(config.seed, _CLIENT_STREAM, round, cid)
+    fork_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
+        seed_rng(seed, device)
+        generator = torch.Generator().manual_seed(seed)
+        compile_worker(worker, config.compile_mode(device))
+        load_tensors(worker, message.get("weights", {}))
+        state = {k: v.to(device) for k, v in state.items()}
+        num_steps = config.num_steps(data)
+        ctx = ClientContext(cid, round, message, state, data.num_samples, num_steps, 0.0, strategy, data=data)
+        worker.fl = ctx
+        worker.train()
+        worker.reset_train_stats()
+        try:
+            strategy.on_client_start(worker, ctx)
+            optimizer = strategy.configure_client_optimizer(worker, ctx)
+            decay = config.lr_decay**round
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * decay
+            ctx.lr = optimizer.param_groups[0]["lr"]
+            _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
+            upload = strategy.upload(worker, ctx)
+            metrics = worker.train_stats()
+            if eval_metrics is not None and data.test_idx.numel() > 0:
+                eval_metrics.reset()
+                evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
+                metrics.update({f"local_{k}": v for k, v in eval_metrics.compute().items()})
+        finally:
+            worker.fl = None
+    return ClientResult(
+        cid, upload, ctx.state, data.num_samples, metrics, payload_bytes(message), payload_bytes(upload)
+    )
+
+
+def compile_worker(worker: nn.Module, mode: str | None) -> None:
+    """Compile ``worker``'s network once (``nn.Module.compile``: state-dict names unchanged); no-op if done.
+
+    The forward pass (and with it the backward, through AOTAutograd) of the network the client
+    trains is compiled, not the step: the strategy hooks, closures and optimizer stay eager, so
+    every strategy works unchanged. The worker is reused for every client of the run and weights
+    are loaded into it in place, so the compiled code (and with ``"reduce-overhead"`` its CUDA
+    graphs, recorded for the parameters' fixed addresses) stays valid across clients and rounds.
+    """
+    if mode is None or getattr(worker, "_fl_compile_mode", None) == mode:
+        return
+    net = getattr(worker, "net", worker)
+    net.compile(mode=mode)
+    worker._fl_compile_mode = mode
+
+
+def _local_steps(
+    worker: ClientModule,
+    strategy: Strategy,
+    optimizer: torch.optim.Optimizer,
+    ctx: ClientContext,
+    data: ClientData,
+    config: LocalConfig,
+    precision: Any,
+    generator: torch.Generator,
+) -> None:
+    scaler = getattr(precision, "scaler", None)
+    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for step, batch in enumerate(data.batches(config.batch_size, ctx.num_steps, generator)):
+        ctx.step = step
+        if precision is not None:
+            batch = precision.convert_input(batch)
+
+        def closure(batch: Any = batch, step: int = step) -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            with step_ctx():
+                loss = worker.training_step(batch, step)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            strategy.on_before_optimizer_step(worker, optimizer, ctx)
+            worker.on_before_optimizer_step(optimizer)
+            if config.grad_clip_norm is not None:
+                clip_grads_(params, config.grad_clip_norm)
+            return loss
+
+        if scaler is not None:
+            closure()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            strategy.local_step(worker, optimizer, ctx, batch, closure)
+        strategy.on_after_optimizer_step(worker, optimizer, ctx)

@@ -1,0 +1,101 @@
+"""The values that travel through a round: what a client knows, what it returns, what the server aggregates.
+
+``Payload`` (named groups of named tensors, e.g. ``{"weights": {...}, "controls": {...}}``) is what a
+message or an upload holds. :class:`ClientContext` is a client's view during its local work,
+:class:`ClientResult` its outcome; :class:`RoundInfo` is what the server knows when it aggregates and
+:class:`RoundResult` the round's aggregate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from fl_lightning.functional.tensor import Payload
+
+if TYPE_CHECKING:
+    from fl_lightning.data.federated import ClientData
+    from fl_lightning.strategies.base import Strategy
+
+
+@dataclass
+class ClientContext:
+    """What a client knows during its local work in one round (the inputs of its work function).
+
+    Attributes:
+        client_id: The client's index in ``0..num_clients-1``.
+        round: The 0-based round index.
+        message: What the server sent (read-only; tensors may alias the global model).
+        state: The client's persistent tensors; strategies read and write it in place.
+        num_samples: Size of the client's local training split (its aggregation weight).
+        num_steps: Local optimizer steps this round (``K``).
+        lr: The local learning rate of this round (after the per-round decay).
+        strategy: The strategy running this client.
+        step: Local steps completed so far in this round.
+        scratch: Per-round scratch space for the strategy (dropped after the round).
+        data: The client's local data (index arrays into the shared training tensors; read-only),
+            for strategies that need more than its size, e.g. its label counts or input shape
+            (FedCOG). None when a context is built outside the round loop.
+    """
+
+    client_id: int
+    round: int
+    message: Payload
+    state: dict[str, Tensor]
+    num_samples: int
+    num_steps: int
+    lr: float
+    strategy: Strategy
+    step: int = 0
+    scratch: dict[str, Any] = field(default_factory=dict)
+    data: ClientData | None = None
+
+
+@dataclass
+class RoundInfo:
+    """What the server knows when it aggregates a round.
+
+    Attributes:
+        round: The 0-based round index.
+        sampled: Client ids sampled this round.
+        aggregated: Client ids whose uploads entered the aggregate (failed clients excluded).
+        num_clients: Total number of clients ``m`` in the federation.
+        weight_totals: Sum of aggregation weights per payload group.
+    """
+
+    round: int
+    sampled: list[int]
+    aggregated: list[int]
+    num_clients: int
+    weight_totals: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientResult:
+    """The outcome of one client's local work in one round."""
+
+    client_id: int
+    upload: Payload
+    state: dict[str, Tensor]
+    num_samples: int
+    metrics: dict[str, float]
+    bytes_down: int
+    bytes_up: int
+
+
+@dataclass
+class RoundResult:
+    """The aggregate of one round, ready for the server update."""
+
+    means: Payload
+    info: RoundInfo
+    client_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    failed: list[int] = field(default_factory=list)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+
+
+__all__ = ["ClientContext", "ClientResult", "Payload", "RoundInfo", "RoundResult"]

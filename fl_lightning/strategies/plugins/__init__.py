@@ -1,0 +1,14 @@
+"""Plug-ins that wrap any strategy (``base=``): FedCOG, FastSlow, FineTune, PersonalAtoms.
+
+They are exported from :mod:`fl_lightning.strategies` as well (``class_path:
+fl_lightning.strategies.FedCOG``).
+"""
+
+from __future__ import annotations
+
+from fl_lightning.strategies.plugins.fast_slow import FastSlow
+from fl_lightning.strategies.plugins.fedcog import FedCOG
+from fl_lightning.strategies.plugins.finetune import FineTune
+from fl_lightning.strategies.plugins.personal_atoms import PersonalAtoms
+
+__all__ = ["FastSlow", "FedCOG", "FineTune", "PersonalAtoms"]

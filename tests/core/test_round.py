@@ -1,0 +1,130 @@
+import math
+import shutil
+
+import pytest
+import torch
+
+from fl_lightning.core.aggregation import Aggregator
+from fl_lightning.core.round import num_sampled, sample_clients
+from fl_lightning.errors import ConfigError
+from fl_lightning.strategies import FedAvg
+
+from conftest import global_weights, make_data, make_module
+
+
+def test_sampling_depends_only_on_seed_and_round():
+    first = [sample_clients(100, 10, seed=3, round=r) for r in range(5)]
+    # sampling round 4 alone (as after a resume) gives the same clients
+    assert sample_clients(100, 10, seed=3, round=4) == first[4]
+    assert all(len(set(s)) == 10 and s == sorted(s) for s in first)
+    assert first[0] != first[1]
+    assert sample_clients(100, 10, seed=4, round=0) != first[0]
+
+
+def test_number_of_sampled_clients():
+    assert num_sampled(100, 0.1, None) == 10
+    assert num_sampled(200, 0.05, None) == 10
+    assert num_sampled(10, 0.01, None) == 1
+    assert num_sampled(10, 0.5, 7) == 7
+    with pytest.raises(ConfigError, match="model.clients_per_round"):
+        num_sampled(10, 1.0, 11)
+
+
+def test_participation_outside_unit_interval_is_rejected():
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ConfigError, match=r"model.participation=.* is outside \(0, 1\]"):
+            make_module(participation=bad)
+
+
+class Recorder(FedAvg):
+    """FedAvg that records what the loop gives each client."""
+
+    def __init__(self, fail: set[int] = frozenset(), nan: set[int] = frozenset()) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int, float, int]] = []
+        self.steps: dict[tuple[int, int], int] = {}
+        self.fail, self.nan = set(fail), set(nan)
+
+    def on_client_start(self, module, ctx):
+        if ctx.client_id in self.fail:
+            raise RuntimeError("deliberate failure")
+
+    def on_after_optimizer_step(self, module, optimizer, ctx):
+        key = (ctx.round, ctx.client_id)
+        self.steps[key] = self.steps.get(key, 0) + 1
+
+    def upload(self, module, ctx):
+        self.seen.append((ctx.round, ctx.client_id, ctx.lr, ctx.num_steps))
+        up = super().upload(module, ctx)
+        if ctx.client_id in self.nan:
+            up["weights"] = {k: v * float("nan") for k, v in up["weights"].items()}
+        return up
+
+
+def test_lr_decays_per_round_and_local_steps_are_counted(fit):
+    rec = Recorder()
+    fit(make_module(rec, local_steps=3, lr_decay=0.5), rounds=3)
+    lrs = {r: lr for r, _, lr, _ in rec.seen}
+    assert lrs == {0: pytest.approx(0.1), 1: pytest.approx(0.05), 2: pytest.approx(0.025)}
+    assert set(rec.steps.values()) == {3}
+
+
+def test_local_epochs_run_ceil_n_over_b_steps_per_epoch(fit):
+    rec = Recorder()
+    data = make_data(batch_size=16)
+    fit(make_module(rec, local_steps=None, local_epochs=2), data=data, rounds=1)
+    for c in data.clients:
+        assert rec.steps[(0, c.client_id)] == 2 * math.ceil(c.num_samples / 16)
+
+
+def test_failing_and_non_finite_clients_are_excluded(fit, caplog):
+    rec = Recorder(fail={1}, nan={2})
+    module = make_module(rec)
+    trainer = fit(module, rounds=2)
+    assert [r["failed"] for r in module.history] == [2, 2]
+    assert all(torch.isfinite(v).all() for v in global_weights(module).values())
+    assert trainer.callback_metrics["round/failed_clients"] == 2
+    assert "excluded from the aggregate" in caplog.text
+
+
+def test_a_round_where_every_client_fails_stops_the_run(fit):
+    with pytest.raises(RuntimeError, match="every sampled client failed"):
+        fit(make_module(Recorder(fail={0, 1, 2, 3})), rounds=1)
+
+
+def test_aggregator_weights_by_samples_or_uniformly():
+    class Mixed(FedAvg):
+        def weighting(self, group):
+            return "uniform" if group == "control" else "samples"
+
+    agg = Aggregator(Mixed())
+    agg.add({"weights": {"w": torch.tensor([1.0])}, "control": {"c": torch.tensor([1.0])}}, num_samples=3)
+    agg.add({"weights": {"w": torch.tensor([5.0])}, "control": {"c": torch.tensor([5.0])}}, num_samples=1)
+    means = agg.means()
+    assert means["weights"]["w"].item() == pytest.approx(2.0)
+    assert means["control"]["c"].item() == pytest.approx(3.0)
+    assert agg.totals == {"weights": 4.0, "control": 2.0}
+
+
+def test_compile_is_validated_and_resolved_per_device():
+    with pytest.raises(ConfigError, match="model.compile"):
+        make_module(compile="fast")
+    from fl_lightning.core.local import LocalConfig
+
+    assert LocalConfig(8).compile_mode(torch.device("cpu")) is None
+    assert LocalConfig(8, compile=True).compile_mode(torch.device("cpu")) == "default"
+    assert LocalConfig(8, compile=True).compile_mode(torch.device("cuda")) == "reduce-overhead"
+    assert LocalConfig(8, compile="max-autotune").compile_mode(torch.device("cpu")) == "max-autotune"
+
+
+@pytest.mark.slow
+def test_compiled_local_steps_match_eager(fit):
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
+    eager, compiled = make_module(FedAvg()), make_module(FedAvg(), compile=True)
+    fit(eager, rounds=2)
+    fit(compiled, rounds=2)
+    assert getattr(compiled.worker, "_fl_compile_mode", None) == "default"  # compiled once, kept
+    a, b = global_weights(eager), global_weights(compiled)
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)
+    assert any(not torch.equal(a[k], global_weights(make_module(FedAvg()))[k]) for k in a)  # it trained
