@@ -23,7 +23,7 @@ from fl_lightning.strategies import FedAvg, FedProx, get_strategy, list_strategi
 
 from conftest import global_weights, make_data, make_module, make_trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEAD_PID = 2**31 - 2  # above any pid_max: no such process
 
 

@@ -11,7 +11,7 @@ import torch
 from fl_lightning.cli import main
 from fl_lightning.core.distributed import assign_clients
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 # Two processes sum their clients' weighted uploads before the all-reduce, one process sums them all
 # in sequence: the global weights agree up to float32 summation order, ~1e-7 relative per round.
 ATOL = 1e-5
