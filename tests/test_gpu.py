@@ -2,7 +2,7 @@
 
 Each check is a function of the accelerator (or device). The ``cuda``-marked tests run it on the GPU;
 a few unmarked tests run the same function on the CPU, so the code of the lane runs in the CPU-only CI
-too (the strategies' and precision's CPU runs are in tests/strategies and tests/test_precision.py).
+too (the strategies' and precision's CPU runs are in tests/strategies and tests/core/test_precision.py).
 """
 
 from __future__ import annotations
