@@ -232,10 +232,10 @@ def test_model_and_data_mismatches_are_one_line_config_errors(fit):
     from fl_lightning.models import SmallCNN
     from fl_lightning.server import FederatedModule
 
-    wrong_classes = FederatedModule(client=ClientModule(SmallCNN(num_classes=7)))
+    wrong_classes = FederatedModule(client=ClientModule(SmallCNN(num_classes=7), lr=0.05, momentum=0.0))
     with pytest.raises(ConfigError, match="num_classes=10"):
         fit(wrong_classes)
-    wrong_channels = FederatedModule(client=ClientModule(SmallCNN(in_channels=3)))
+    wrong_channels = FederatedModule(client=ClientModule(SmallCNN(in_channels=3), lr=0.05, momentum=0.0))
     with pytest.raises(ConfigError, match="model.client.net cannot take"):
         fit(wrong_channels)
     with pytest.raises(ConfigError, match="data.num_clients=5000"):
