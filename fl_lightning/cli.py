@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
@@ -104,6 +105,43 @@ class FederatedCLI(LightningCLI):
             **kwargs,
         )
 
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """One seed: ``seed_everything`` is also ``model.seed`` and, unless set, ``data.seed``.
+
+        ``model.seed`` (client sampling, every client's RNG stream) is linked and cannot be set on its
+        own; ``data.seed`` (partition, local test and validation splits) defaults to null, meaning
+        ``seed_everything``: set it to keep a split fixed while ``seed_everything`` varies the training.
+        """
+        parser.link_arguments("seed_everything", "model.seed", compute_fn=_run_seed)
+        for action in parser._actions:
+            if action.dest == "seed_everything":
+                action.help = (
+                    "The run's one seed: global RNGs (network initialisation), model.seed (client "
+                    "sampling, clients' RNG streams; linked) and data.seed unless set (the split). "
+                    "true: a random seed, recorded in config.yaml"
+                )
+
+    def instantiate_classes(self) -> None:
+        """Build the classes with ``model.seed`` and a null ``data.seed`` set to the run's seed.
+
+        ``seed_everything: true`` draws the seed after parsing, so the link's value is replaced here.
+        ``config.yaml`` keeps ``data.seed: null``: rerunning it with another ``seed_everything``
+        changes the split too, as the first run's command would have.
+        """
+        config = self.config.get(str(self.subcommand), self.config)
+        seed = _run_seed(config.get("seed_everything"))
+        for path in [*(self.config.get("config") or []), *(config.get("config") or [])]:
+            _check_model_seed(path, seed)
+        config["model.seed"] = seed
+        follow = config.get("data.seed") is None
+        if follow:
+            config["data.seed"] = seed
+        try:
+            super().instantiate_classes()
+        finally:
+            if follow:
+                config["data.seed"] = None
+
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` before anything runs (one line if it is not a checkpoint).
 
@@ -172,6 +210,26 @@ class FederatedCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super()._instantiate_trainer(config, callbacks)
+
+
+def _run_seed(seed_everything: bool | int | None) -> int:
+    """The federated run's seed: ``seed_everything`` (0 when it is false, or not drawn yet)."""
+    return seed_everything if type(seed_everything) is int else 0
+
+
+def _check_model_seed(path: Any, seed: int) -> None:
+    """A config file's ``model.seed`` other than ``seed_everything`` is an error, not silently replaced.
+
+    jsonargparse overwrites a linked target read from a file; an equal value (configs and run
+    ``config.yaml`` files written before the link) is accepted.
+    """
+    content = yaml.safe_load(path.get_content()) if hasattr(path, "get_content") else None
+    model = content.get("model") if isinstance(content, dict) else None
+    if isinstance(model, dict) and model.get("seed", seed) != seed:
+        raise ConfigError(
+            f"model.seed={model['seed']} in {path}: model.seed is seed_everything (linked); "
+            f"set seed_everything: {model['seed']} and remove model.seed"
+        )
 
 
 def _last_round_checkpoint(given: list[Callback]) -> list[Callback]:

@@ -6,12 +6,16 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from fl_lightning.errors import ConfigError
 from fl_lightning.models.cnn import SmallCNN
 from fl_lightning.strategies.base import ClientContext
+
+#: The default network, for the embedded digits data; a lazy instance so ``--print_config`` shows it.
+_DEFAULT_NET = lazy_instance(SmallCNN, in_channels=1, num_classes=10)
 
 
 class ClientModule(LightningModule):
@@ -27,23 +31,24 @@ class ClientModule(LightningModule):
     for other tasks; keep calling :meth:`local_term` so strategies still apply.
 
     Args:
-        net: The network (any ``nn.Module`` mapping a batch of inputs to logits); None gives
-            ``SmallCNN(in_channels=1, num_classes=10)``, the default for the embedded digits data.
+        net: The network (any ``nn.Module`` mapping a batch of inputs to logits). Default:
+            ``SmallCNN(in_channels=1, num_classes=10)``, for the embedded digits data (also for None).
         task: ``"multiclass"`` (softmax cross-entropy, integer targets) or ``"multilabel"``
             (sigmoid binary cross-entropy, 0/1 target vectors).
         optimizer: Local optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: Local learning rate at round 0 (the loop multiplies it by ``lr_decay ** round``).
+        lr: Local learning rate at round 0 (the loop multiplies it by ``lr_decay ** round``). The
+            defaults (lr 0.1, momentum 0.9) are those of the zero-config run.
         momentum: SGD momentum (local; the buffer is reset every round as in the papers).
         weight_decay: Weight decay applied by the optimizer (``L2`` for SGD/Adam, decoupled for AdamW).
     """
 
     def __init__(
         self,
-        net: nn.Module | None = None,
+        net: nn.Module | None = _DEFAULT_NET,
         task: Literal["multiclass", "multilabel"] = "multiclass",
         optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
-        lr: float = 0.05,
-        momentum: float = 0.0,
+        lr: float = 0.1,
+        momentum: float = 0.9,
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__()
@@ -53,7 +58,8 @@ class ClientModule(LightningModule):
             raise ConfigError(f"model.client.optimizer={optimizer!r} must be one of sgd, adam, adamw")
         if lr <= 0:
             raise ConfigError(f"model.client.lr={lr} must be > 0")
-        self.net = SmallCNN(in_channels=1, num_classes=10) if net is None else net
+        # the CLI builds a fresh network from the config; from Python the default is one shared object
+        self.net = SmallCNN(in_channels=1, num_classes=10) if net is None or net is _DEFAULT_NET else net
         self.task = task
         self.optimizer_name = optimizer
         self.lr = lr

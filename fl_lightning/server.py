@@ -46,8 +46,7 @@ warnings.filterwarnings(
 CLIENT_PREFIX = "z_client"
 
 _SMALL_MODEL = 1_000_000  # parameters; below this a CPU process trains on one intra-op thread by default
-_CLIENT_DEFAULTS = {"lr": 0.1, "momentum": 0.9}
-_DEFAULT_CLIENT = lazy_instance(ClientModule, **_CLIENT_DEFAULTS)
+_DEFAULT_CLIENT = lazy_instance(ClientModule)
 _DEFAULT_STRATEGY = lazy_instance(FedAvg)
 
 
@@ -74,7 +73,8 @@ class FederatedModule(LightningModule):
             this many rounds (``z_client/<id>/*`` and ``personal/*``); 0: only at the end of fit.
         tolerate_client_failures: Exclude (and count) a client whose local training raises or
             returns non-finite values instead of stopping the run.
-        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout).
+        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). On
+            the command line it is ``seed_everything`` (linked; not a separate option).
         state_memory_mb: Memory budget of the per-client state store in MiB; states of the least
             recently trained clients beyond it are kept on disk (None: all in memory).
         state_dir: Folder for spilled client states (default: a temporary folder).
@@ -131,7 +131,7 @@ class FederatedModule(LightningModule):
             raise ConfigError(f"model.eval_clients_every={eval_clients_every} must be >= 0")
         # The CLI builds fresh objects from the config; from Python the defaults are shared objects,
         # so give each module its own.
-        self.client = ClientModule(**_CLIENT_DEFAULTS) if client is _DEFAULT_CLIENT else client
+        self.client = ClientModule() if client is _DEFAULT_CLIENT else client
         self.strategy = FedAvg() if strategy is _DEFAULT_STRATEGY else strategy
         self.automatic_optimization = False
         self.eval_clients_every = eval_clients_every
@@ -170,6 +170,16 @@ class FederatedModule(LightningModule):
             w.to(self.device)
             self.__dict__["_worker"] = w
         return w
+
+    def configure_callbacks(self) -> list:
+        """No callbacks; refuses the Trainer options a federated round cannot honour (see below).
+
+        Lightning calls this hook before it checks its own configuration, so the error here names
+        the federated equivalent instead of Lightning's "not supported for manual optimization".
+        """
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            check_trainer_options(self.trainer)
+        return []
 
     def setup(self, stage: str) -> None:
         if self._ready:
@@ -483,6 +493,36 @@ class FederatedModule(LightningModule):
         self.store.load_state_dict(fl["client_state"])
         self.history = [dict(r, this_run=False) for r in fl["history"]]
         self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
+
+
+def check_trainer_options(trainer: Any) -> None:
+    """Refuse Trainer options that the federated module (manual optimisation) cannot honour.
+
+    A round is one Trainer step that runs every sampled client's local optimizer itself, so the
+    Trainer's gradient clipping and accumulation would never touch a client's gradients, and one
+    epoch holds all rounds, so ``max_epochs`` cannot count them. Each error names the equivalent.
+    """
+    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val > 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val} does not reach the clients' local steps; "
+            "set model.grad_clip_norm (clips every local step's gradient norm) instead"
+        )
+    if trainer.gradient_clip_algorithm is not None:
+        raise ConfigError(
+            f"trainer.gradient_clip_algorithm={trainer.gradient_clip_algorithm.value!r} does not reach the "
+            "clients' local steps; model.grad_clip_norm clips every local step's gradient by norm"
+        )
+    if trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} does not apply to federated "
+            "rounds; set model.local_steps (local steps per round) or data.batch_size instead"
+        )
+    max_epochs = trainer.fit_loop.max_epochs
+    if trainer.max_steps > 0 and max_epochs not in (None, -1, 1):
+        raise ConfigError(
+            f"trainer.max_epochs={max_epochs}: one epoch holds all rounds; set trainer.max_steps (the number "
+            "of rounds) and model.local_epochs (local passes per round) instead"
+        )
 
 
 def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:

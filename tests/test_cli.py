@@ -57,6 +57,47 @@ def test_print_config_and_help_document_every_knob(tmp_path, capsys):
     assert "Fraction of clients sampled per round" in helptext and "--data.partition" in helptext
 
 
+def test_print_config_shows_the_default_network_and_client_defaults(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "fit", "--print_config")
+    printed = capsys.readouterr().out
+    model = printed[printed.index("\nmodel:") :]
+    client = model[: model.index("\n  strategy:")]
+    assert "class_path: fl_lightning.models.SmallCNN" in client and "net: null" not in client
+    assert "lr: 0.1" in client and "momentum: 0.9" in client
+
+
+def _cli(*args: str) -> FederatedCLI:
+    return FederatedCLI(args=[*args, "--trainer.logger=false"], run=False)
+
+
+def test_seed_everything_is_the_one_seed_and_data_seed_can_pin_the_split():
+    cli = _cli("--seed_everything=3")
+    assert (cli.model.seed, cli.datamodule.seed) == (3, 3)
+    pinned = _cli("--seed_everything=3", "--data.seed=1")
+    assert (pinned.model.seed, pinned.datamodule.seed) == (3, 1)
+    assert pinned.config["data.seed"] == 1 and cli.config["data.seed"] is None  # config.yaml keeps null
+    drawn = _cli("--seed_everything=true")
+    assert drawn.model.seed == drawn.datamodule.seed == drawn.config["seed_everything"]
+
+
+def test_a_config_file_model_seed_must_equal_seed_everything(tmp_path, capsys):
+    old = tmp_path / "old.yaml"  # configs and run config.yaml files written before the link
+    old.write_text("seed_everything: 4\nmodel:\n  seed: 4\ndata:\n  seed: 4\n")
+    cli = _cli(f"--config={old}")
+    assert (cli.model.seed, cli.datamodule.seed) == (4, 4)
+    other = tmp_path / "other.yaml"
+    other.write_text("seed_everything: 0\nmodel:\n  seed: 5\n")
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", f"--config={other}", "--trainer.max_steps=1")
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert lines == [
+        f"error: model.seed=5 in {other}: model.seed is seed_everything (linked); "
+        "set seed_everything: 5 and remove model.seed"
+    ]
+
+
 def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
     run_cli(tmp_path, "fit", *FAST, "--model.local_steps=2")
     ckpt = next((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
@@ -88,6 +129,16 @@ def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
         (["--data.num_clients=5000"], "error: data.num_clients=5000 exceeds the 1437 training samples"),
         (["--model.strategy=FedFoo"], "error: model.strategy: 'FedFoo' is not a known strategy"),
         (["--model.clients_per_round=20"], "error: model.clients_per_round=20 must be between 1 and"),
+        (["--model.seed=3"], 'error: Linked "model.seed" must be given via "seed_everything"'),
+        (
+            ["--trainer.gradient_clip_val=1"],
+            "error: trainer.gradient_clip_val=1.0 does not reach the clients",
+        ),
+        (["--trainer.accumulate_grad_batches=4"], "error: trainer.accumulate_grad_batches=4 does not apply"),
+        (
+            ["--trainer.max_epochs=5"],
+            "error: trainer.max_epochs=5: one epoch holds all rounds; set trainer.max_steps",
+        ),
     ],
 )
 def test_bad_input_is_a_one_line_error_naming_the_field(tmp_path, capsys, args, message):

@@ -129,7 +129,9 @@ class FederatedDataModule(LightningDataModule):
             after every round of ``fit`` (``global/*``, what ``ModelCheckpoint``/``EarlyStopping``
             monitor and the summary's "best") use it, and ``test`` uses the test set. 0 (default):
             no validation split; validation then evaluates the test set.
-        seed: Seed of the partition, of the local test split and of the validation split.
+        seed: Seed of the partition, of the local test split and of the validation split. None: the
+            run's seed (``seed_everything`` on the command line; 0 from Python). Set it to keep the
+            split fixed while ``seed_everything`` varies the initialisation and client sampling.
         synthetic: Options of the generated data (``data.synthetic.shape``, ``num_classes``,
             ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
             that ``dataset`` names; ignored for other datasets. See
@@ -147,7 +149,7 @@ class FederatedDataModule(LightningDataModule):
         eval_batch_size: int = 512,
         local_test_fraction: float = 0.2,
         val_fraction: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
         synthetic: SyntheticData | None = None,
     ) -> None:
         super().__init__()
@@ -173,7 +175,7 @@ class FederatedDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.local_test_fraction = local_test_fraction
         self.val_fraction = val_fraction
-        self.seed = seed
+        self.seed = 0 if seed is None else seed
         self.synthetic = synthetic
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []

@@ -142,7 +142,7 @@ def test_flair_format_federation_trains_with_multilabel_metrics_in_tensorboard(t
         "flair", str(path), num_clients=6, partition=NaturalUsers(str(path)), batch_size=16
     )
     torch.manual_seed(0)
-    client = ClientModule(SmallCNN(3, 17, width=4, hidden=16), task="multilabel", lr=0.5)
+    client = ClientModule(SmallCNN(3, 17, width=4, hidden=16), task="multilabel", lr=0.5, momentum=0.0)
     strategy = FedCOG(FedAvg(), start_round=1, num_generated=16, gen_steps=2, weighting="balanced")
     module = FederatedModule(client, strategy, clients_per_round=3, local_steps=3)
     logger = TensorBoardLogger(str(tmp_path), name="tb")

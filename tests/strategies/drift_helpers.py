@@ -28,7 +28,7 @@ def least_squares_module(dim: int, lr: float, w0: Tensor | None = None) -> Least
     net = nn.Linear(dim, 1, bias=False, dtype=torch.float64)
     with torch.no_grad():
         net.weight.copy_(torch.zeros(1, dim) if w0 is None else w0.reshape(1, dim))
-    return LeastSquares(net, lr=lr)
+    return LeastSquares(net, lr=lr, momentum=0.0)
 
 
 def single_client(x: Tensor, y: Tensor, client_id: int = 0) -> ClientData:
