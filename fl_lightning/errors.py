@@ -51,11 +51,11 @@ def check_number(
         ConfigError: ``"<field>=<value> must be <range>[ hint]"``, one line.
     """
     if low is not None and high is not None:
-        rng = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        rng = f"in {'(' if low_open else '['}{_fmt(low)}, {_fmt(high)}{')' if high_open else ']'}"
     elif low is not None:
-        rng = f"{'>' if low_open else '>='} {low:g}"
+        rng = f"{'>' if low_open else '>='} {_fmt(low)}"
     elif high is not None:
-        rng = f"{'<' if high_open else '<='} {high:g}"
+        rng = f"{'<' if high_open else '<='} {_fmt(high)}"
     else:
         rng = ""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -68,3 +68,7 @@ def check_number(
     if not ok:
         tail = "" if not hint else (f" {hint}" if hint.startswith("(") else f"; {hint}")
         raise ConfigError(f"{field}={value!r} must be {rng}{tail}")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"

@@ -385,6 +385,19 @@ class FederatedModule(LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")
 
+    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """The global model on a batch of inputs: ``outputs`` (logits) and ``predictions``.
+
+        Predictions are the arg-max class (multiclass) or the labels with a positive logit, i.e.
+        probability above 0.5 (multilabel). ``python -m fl_lightning predict --ckpt_path ...`` runs
+        it over the global test inputs (:meth:`FederatedDataModule.predict_dataloader`); add a
+        ``BasePredictionWriter`` callback to save the results.
+        """
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        outputs = self.client(x)
+        preds = outputs.argmax(dim=-1) if self.client.task == "multiclass" else (outputs > 0).long()
+        return {"outputs": outputs, "predictions": preds}
+
     def _log_eval(self, prefix: str) -> None:
         values = {f"{prefix}/{k}": v for k, v in gather_metrics(self.global_metrics).compute().items()}
         if values:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.data.datasets import DatasetSplits, load_dataset
 from fl_lightning.data.partition import Dirichlet, Partitioner, check_num_clients, partition_counts
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 
 
 @dataclass
@@ -143,6 +143,9 @@ class FederatedDataModule(LightningDataModule):
             raise ConfigError(f"data.batch_size={batch_size} must be >= 1")
         if num_clients < 1:
             raise ConfigError(f"data.num_clients={num_clients} must be >= 1")
+        if eval_batch_size < 1:
+            raise ConfigError(f"data.eval_batch_size={eval_batch_size} must be >= 1; e.g. 512")
+        check_number(seed, "data.seed", low=0, hint="e.g. 0")
         self.dataset = dataset
         self.root = root
         self.download = download
@@ -239,6 +242,11 @@ class FederatedDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader()
+
+    def predict_dataloader(self) -> DataLoader:
+        """The inputs of the global test set, in order, without labels (``predict``)."""
+        assert self.splits is not None
+        return DataLoader(TensorDataset(self.splits.test_x), batch_size=self.eval_batch_size)
 
 
 def _multilabel_proxy(labels: np.ndarray) -> np.ndarray:
