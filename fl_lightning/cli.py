@@ -43,7 +43,14 @@ class FederatedArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         text = " ".join(message.split())
         match = re.match(r'Parser key "([^"]+)"', text)
-        if match and match.group(1).endswith("strategy"):
+        nested = re.match(
+            r'Parser key "([^"]+)": Problem with given class_path \'[^\']+\': (?:Parser key "([^"]+)": )?',
+            text,
+        )
+        if nested:  # a bad init_args value: name the full field, e.g. model.strategy.mu
+            field = ".".join(k for k in nested.groups() if k)
+            text = f"{field}: {text[nested.end() :]}"
+        elif match and match.group(1).endswith("strategy"):
             names = ", ".join(sorted(cls.__name__ for cls in STRATEGIES.values()))
             given = re.search(r"but (\S+) either", text)
             what = f"{given.group(1)!r} is not" if given else "value is not"
