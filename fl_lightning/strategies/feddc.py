@@ -47,7 +47,9 @@ class FedDC(Scaffold):
     uploaded ``theta_i``, so no drift is communicated), like FedDyn's ``h``. Clients are averaged
     uniformly as in that code (its per-client size weights are 1 on equal-size clients, and then
     dropped here). ``K eta`` uses the round's decayed learning rate (the code uses the initial
-    one). Two model-size vectors go each way per round, as in SCAFFOLD.
+    one). With local momentum, Adam or AdamW, ``c_i+`` is instead the mean over the ``K`` steps of
+    ``g + alpha (theta + h_i - w)``, which option II equals under plain SGD (see :class:`Scaffold`):
+    option II's closed form overestimates it by up to ``1/(1 - momentum)`` and the variates diverge. Two model-size vectors go each way per round, as in SCAFFOLD.
 
     Args:
         alpha: Drift penalty coefficient ``alpha > 0``.
@@ -74,6 +76,7 @@ class FedDC(Scaffold):
         anchor = ctx.message["weights"]
         for name, p, correction in ctx.scratch[TERMS]:
             add_grad_(p, feddc_gradient(p, anchor[name], ctx.state.get(DRIFT + name), correction, self.alpha))
+        self.keep_step_gradients(optimizer, ctx)  # for c_i+ with optimizers other than plain SGD
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)  # c_i+ (option II) and Delta c_i
