@@ -49,7 +49,8 @@ class FedDC(Scaffold):
     dropped here). ``K eta`` uses the round's decayed learning rate (the code uses the initial
     one). With local momentum, Adam or AdamW, ``c_i+`` is instead the mean over the ``K`` steps of
     ``g + alpha (theta + h_i - w)``, which option II equals under plain SGD (see :class:`Scaffold`):
-    option II's closed form overestimates it by up to ``1/(1 - momentum)`` and the variates diverge. Two model-size vectors go each way per round, as in SCAFFOLD.
+    option II's closed form overestimates it by up to ``1/(1 - momentum)`` and the variates diverge.
+    Two model-size vectors go each way per round, as in SCAFFOLD.
 
     Args:
         alpha: Drift penalty coefficient ``alpha > 0``.
