@@ -5,7 +5,7 @@
 
 from fl_lightning.client import ClientModule
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.server import FederatedModule
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies, register_strategy
 
@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "FederatedDataModule",
     "FederatedModule",
+    "RunError",
     "Strategy",
     "get_strategy",
     "list_strategies",

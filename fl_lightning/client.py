@@ -10,7 +10,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.models.cnn import SmallCNN
 from fl_lightning.strategies.base import ClientContext
 
@@ -56,8 +56,11 @@ class ClientModule(LightningModule):
             raise ConfigError(f"model.client.task={task!r} must be 'multiclass' or 'multilabel'")
         if optimizer not in ("sgd", "adam", "adamw"):
             raise ConfigError(f"model.client.optimizer={optimizer!r} must be one of sgd, adam, adamw")
-        if lr <= 0:
-            raise ConfigError(f"model.client.lr={lr} must be > 0")
+        check_number(lr, "model.client.lr", low=0, low_open=True, hint="e.g. 0.1")
+        check_number(
+            momentum, "model.client.momentum", low=0, high=1, high_open=True, hint="0: plain SGD; e.g. 0.9"
+        )
+        check_number(weight_decay, "model.client.weight_decay", low=0, hint="0: none; e.g. 1e-4")
         # the CLI builds a fresh network from the config; from Python the default is one shared object
         self.net = SmallCNN(in_channels=1, num_classes=10) if net is None or net is _DEFAULT_NET else net
         self.task = task

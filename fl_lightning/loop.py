@@ -70,6 +70,8 @@ class RoundResult:
     bytes_up: int = 0
     failed: list[int] = field(default_factory=list)
     train_metrics: dict[str, float] = field(default_factory=dict)
+    #: One line on the first failure of the round (``client <id>: <Type>: <message>``), "" if none.
+    error: str = ""
 
 
 class Aggregator:
@@ -319,6 +321,9 @@ class FederatedLoop:
     ) -> RoundResult:
         """One round over ``sampled`` (default: :meth:`sample`) clients; returns the averaged uploads.
 
+        If every sampled client failed (and failures are tolerated), the result has no aggregated
+        clients and empty ``means``; ``error`` describes the first failure.
+
         ``assigned`` is the share of ``sampled`` this process trains (default: all of them). In a
         process group the weighted sums are all-reduced, and the clients' metrics, byte counts and
         new states are exchanged, so every process returns the same result and holds every state.
@@ -327,7 +332,6 @@ class FederatedLoop:
         mine = sampled if assigned is None else assigned
         agg = Aggregator(strategy)
         result = RoundResult(means={}, info=RoundInfo(round, sampled, [], len(clients)))
-        first_error: BaseException | None = None
         personal = strategy.personal_names(model)
         initial = {n: t for n, t in model.state_dict().items() if n in personal}
         for i, cid in enumerate(mine):
@@ -350,7 +354,7 @@ class FederatedLoop:
             except Exception as err:
                 if not self.tolerate_client_failures:
                     raise
-                first_error = first_error or err
+                result.error = result.error or f"client {cid}: {one_line(err)}"
                 result.failed.append(cid)
                 result.bytes_down += payload_bytes(message)
                 log.warning("round %d: client %d excluded from the aggregate: %s", round, cid, err)
@@ -368,8 +372,8 @@ class FederatedLoop:
         if is_distributed():
             all_reduce_sums(agg.sums, agg.totals, next(worker.parameters()).device)
             _exchange(result, store)
-        if not result.info.aggregated:
-            raise RuntimeError(f"round {round}: every sampled client failed ({sampled})") from first_error
+        if not result.info.aggregated:  # every client failed: nothing to aggregate (the caller skips it)
+            return result
         result.means = agg.means()
         result.info.weight_totals = dict(agg.totals)
         result.train_metrics = _weighted_means(result.client_metrics)
@@ -383,22 +387,31 @@ def _exchange(result: RoundResult, store: Any) -> None:
         "failed": result.failed,
         "metrics": result.client_metrics,
         "bytes": (result.bytes_down, result.bytes_up),
+        "error": result.error,
         "states": {cid: store.get(cid) for cid in result.info.aggregated},
     }
     result.info.aggregated, result.failed, result.client_metrics = [], [], {}
     result.bytes_down = result.bytes_up = 0
+    result.error = ""
     for part in all_gather_objects(mine):
         result.info.aggregated += part["aggregated"]
         result.failed += part["failed"]
         result.client_metrics.update(part["metrics"])
         result.bytes_down += part["bytes"][0]
         result.bytes_up += part["bytes"][1]
+        result.error = result.error or part["error"]
         for cid, state in part["states"].items():
             if cid not in mine["states"]:
                 store.put(cid, state)
     result.info.aggregated.sort()
     result.failed.sort()
     result.client_metrics = dict(sorted(result.client_metrics.items()))
+
+
+def one_line(err: BaseException) -> str:
+    """``"<Type>: <first line of the message>"`` (just the type for an empty message)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def _weighted_means(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 
 if TYPE_CHECKING:
     from fl_lightning.strategies.base import ClientContext
@@ -145,13 +145,14 @@ def restore(params: Sequence[Tensor], saved: Sequence[Tensor | None]) -> None:
 
 def check_sam_args(rho: float, clip_norm: float | None, rho_field: str = "rho") -> None:
     """Raise :class:`ConfigError` for a negative radius or a non-positive clipping norm."""
-    if rho < 0:
-        raise ConfigError(
-            f"model.strategy.{rho_field}={rho} must be >= 0 (SAM radius); the paper uses 0.01-0.1"
-        )
-    if clip_norm is not None and clip_norm <= 0:
-        raise ConfigError(
-            f"model.strategy.clip_norm={clip_norm} must be > 0 (or null: no clipping); the reference uses 10"
+    check_number(rho, f"model.strategy.{rho_field}", low=0, hint="(SAM radius); the paper uses 0.01-0.1")
+    if clip_norm is not None:
+        check_number(
+            clip_norm,
+            "model.strategy.clip_norm",
+            low=0,
+            low_open=True,
+            hint="(or null: no clipping); the reference uses 10",
         )
 
 

@@ -4,9 +4,10 @@ import shutil
 import pytest
 import torch
 
-from fl_lightning.errors import ConfigError
+from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.loop import Aggregator, num_sampled, sample_clients
-from fl_lightning.strategies import FedAvg
+from fl_lightning.strategies import FedAvg, FedAvgM
 
 from conftest import global_weights, make_data, make_module
 
@@ -31,21 +32,24 @@ def test_number_of_sampled_clients():
 
 def test_participation_outside_unit_interval_is_rejected():
     for bad in (0.0, 1.5, -0.1):
-        with pytest.raises(ConfigError, match=r"model.participation=.* is outside \(0, 1\]"):
+        with pytest.raises(ConfigError, match=r"model.participation=.* must be in \(0, 1\]"):
             make_module(participation=bad)
 
 
 class Recorder(FedAvg):
     """FedAvg that records what the loop gives each client."""
 
-    def __init__(self, fail: set[int] = frozenset(), nan: set[int] = frozenset()) -> None:
+    def __init__(
+        self, fail: set[int] = frozenset(), nan: set[int] = frozenset(), fail_rounds: set[int] | None = None
+    ) -> None:
         super().__init__()
         self.seen: list[tuple[int, int, float, int]] = []
         self.steps: dict[tuple[int, int], int] = {}
         self.fail, self.nan = set(fail), set(nan)
+        self.fail_rounds = fail_rounds  # None: every round
 
     def on_client_start(self, module, ctx):
-        if ctx.client_id in self.fail:
+        if ctx.client_id in self.fail and (self.fail_rounds is None or ctx.round in self.fail_rounds):
             raise RuntimeError("deliberate failure")
 
     def on_after_optimizer_step(self, module, optimizer, ctx):
@@ -86,9 +90,63 @@ def test_failing_and_non_finite_clients_are_excluded(fit, caplog):
     assert "excluded from the aggregate" in caplog.text
 
 
-def test_a_round_where_every_client_fails_stops_the_run(fit):
-    with pytest.raises(RuntimeError, match="every sampled client failed"):
-        fit(make_module(Recorder(fail={0, 1, 2, 3})), rounds=1)
+class WeightsAtRoundEnd(FederatedCallback):
+    def __init__(self) -> None:
+        self.weights: list[dict[str, torch.Tensor]] = []
+
+    def on_round_end(self, trainer, pl_module, round, record):
+        self.weights.append(global_weights(pl_module))
+
+
+def test_a_round_where_every_client_fails_is_skipped(fit, caplog):
+    module = make_module(Recorder(fail={0, 1, 2, 3}, fail_rounds={0}), clients_per_round=1)
+    before = global_weights(module)
+    seen = WeightsAtRoundEnd()
+    trainer = fit(module, rounds=2, callbacks=[seen])
+    assert trainer.global_step == 2
+    assert [(r["round"], r["skipped"], r["failed"]) for r in module.history] == [(0, True, 1), (1, False, 0)]
+    assert all(torch.equal(seen.weights[0][k], v) for k, v in before.items())
+    assert not all(torch.equal(seen.weights[1][k], v) for k, v in before.items())
+    assert "round 0 skipped: every sampled client failed (client" in caplog.text
+    assert "RuntimeError: deliberate failure" in caplog.text
+
+
+class FailingAvgM(FedAvgM):
+    def __init__(self, fail_rounds: set[int]) -> None:
+        super().__init__(momentum=0.9)
+        self.fail_rounds = fail_rounds
+
+    def on_client_start(self, module, ctx):
+        if ctx.round in self.fail_rounds:
+            raise RuntimeError("deliberate failure")
+
+
+def test_a_skipped_round_leaves_server_momentum_and_weights_alone(fit):
+    module = make_module(FailingAvgM(fail_rounds={1}))
+    seen = WeightsAtRoundEnd()
+    trainer = fit(module, rounds=3, callbacks=[seen])
+    assert trainer.global_step == 3
+    assert [r["skipped"] for r in module.history] == [False, True, False]
+    assert all(torch.equal(seen.weights[1][k], v) for k, v in seen.weights[0].items())
+    state = trainer.optimizers[0].state
+    assert all(s["momentum_buffer"] is not None for s in state.values())
+
+
+def test_consecutive_failed_rounds_stop_the_run_with_one_line(fit):
+    module = make_module(Recorder(fail={0, 1, 2, 3}), max_failed_rounds=2)
+    with pytest.raises(RunError) as info:
+        fit(module, rounds=5)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith("round 1: every sampled client failed for 2 consecutive rounds")
+    assert "(last error: client 0: RuntimeError: deliberate failure)" in msg
+    assert "model.max_failed_rounds=2" in msg
+    assert len(module.history) == 1
+
+
+def test_failures_stop_the_run_at_once_when_not_tolerated(fit):
+    with pytest.raises(RuntimeError, match="deliberate failure"):
+        fit(make_module(Recorder(fail={0}), tolerate_client_failures=False), rounds=1)
 
 
 def test_aggregator_weights_by_samples_or_uniformly():

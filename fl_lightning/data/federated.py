@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.data.datasets import DatasetSplits, SyntheticData, is_synthetic, load_dataset
 from fl_lightning.data.partition import Dirichlet, Partitioner, check_num_clients, partition_counts
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 
 
 @dataclass
@@ -166,6 +166,10 @@ class FederatedDataModule(LightningDataModule):
             raise ConfigError(f"data.batch_size={batch_size} must be >= 1")
         if num_clients < 1:
             raise ConfigError(f"data.num_clients={num_clients} must be >= 1")
+        if eval_batch_size < 1:
+            raise ConfigError(f"data.eval_batch_size={eval_batch_size} must be >= 1; e.g. 512")
+        if seed is not None:
+            check_number(seed, "data.seed", low=0, hint="e.g. 0 (null: seed_everything)")
         self.dataset = dataset
         self.root = root
         self.download = download
@@ -300,6 +304,11 @@ class FederatedDataModule(LightningDataModule):
         return DataLoader(
             TensorDataset(self.splits.test_x, self.splits.test_y), batch_size=self.eval_batch_size
         )
+
+    def predict_dataloader(self) -> DataLoader:
+        """The inputs of the global test set, in order, without labels (``predict``)."""
+        assert self.splits is not None
+        return DataLoader(TensorDataset(self.splits.test_x), batch_size=self.eval_batch_size)
 
 
 def stratified_holdout(

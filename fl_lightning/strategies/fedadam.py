@@ -7,7 +7,7 @@ from torch import nn
 
 from fl_lightning.buffers import TensorBuffers
 from fl_lightning.corrections import adam_direction, adam_moments, trainable_parameters
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional import Payload
 from fl_lightning.strategies import register_strategy
 from fl_lightning.strategies.base import RoundInfo, Strategy
@@ -42,12 +42,13 @@ class FedAdam(Strategy):
         self, server_lr: float = 0.1, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-3
     ) -> None:
         super().__init__(server_lr=server_lr)
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):  # NaN fails the chained test
             raise ConfigError(
                 f"model.strategy.betas={list(betas)} must be two values in [0, 1), e.g. [0.9, 0.99]"
             )
-        if eps <= 0:
-            raise ConfigError(f"model.strategy.eps={eps} must be > 0 (tau of Reddi et al.); e.g. 0.001")
+        check_number(
+            eps, "model.strategy.eps", low=0, low_open=True, hint="(tau of Reddi et al.); e.g. 0.001"
+        )
         self.betas = (float(betas[0]), float(betas[1]))
         self.eps = eps
 
