@@ -73,8 +73,11 @@ class ClientModule(LightningModule):
         self.weight_decay = weight_decay
         self.fl: ClientContext | None = None
         # nan_strategy="disable": no NaN check, so no host sync (torchmetrics 1.9 then ignores `weight`,
-        # hence each loss is passed repeated once per sample of its batch instead of weighted).
-        self.fl_train_metrics = nn.ModuleDict({k: MeanMetric(nan_strategy="disable") for k in TRAIN_METRICS})
+        # hence each loss is passed repeated once per sample of its batch instead of weighted); no
+        # sync_on_compute: each process trains its own clients.
+        self.fl_train_metrics = nn.ModuleDict(
+            {k: MeanMetric(nan_strategy="disable", sync_on_compute=False) for k in TRAIN_METRICS}
+        )
         self._train_batches: list[tuple[Tensor, Tensor]] = []  # (loss, per-sample correctness) per step
         self._train_paused = False  # set by the SAM step around its second (perturbed) pass
 
@@ -156,8 +159,13 @@ class ClientModule(LightningModule):
         return state
 
     def train_stats(self) -> dict[str, float]:
-        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats`."""
-        return merge_train_states([self.train_state()])
+        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats` (one sync)."""
+        self._update_train_metrics()
+        metrics = self.fl_train_metrics
+        if metrics["train_loss"].update_count == 0:
+            return {}
+        values = torch.stack([m.compute().float() for m in metrics.values()]).tolist()
+        return dict(zip(metrics.keys(), values, strict=True))
 
 
 def merge_train_states(states: Iterable[TrainState]) -> dict[str, float]:

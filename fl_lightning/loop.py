@@ -211,8 +211,8 @@ def train_client(
             ctx.lr = optimizer.param_groups[0]["lr"]
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
             upload = strategy.upload(worker, ctx)
+            metrics = worker.train_stats()
             train_state = worker.train_state()
-            metrics = merge_train_states([train_state])
             if eval_metrics is not None and data.test_idx.numel() > 0:
                 eval_metrics.reset()
                 evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
