@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.client import ClientModule
+from fl_lightning.client import ClientModule, TrainState, merge_train_states
 from fl_lightning.data.federated import ClientData
 from fl_lightning.distributed import all_gather_objects, all_reduce_sums, is_distributed
 from fl_lightning.errors import ConfigError
@@ -57,6 +57,7 @@ class ClientResult:
     metrics: dict[str, float]
     bytes_down: int
     bytes_up: int
+    train_state: TrainState = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class RoundResult:
     train_metrics: dict[str, float] = field(default_factory=dict)
     #: One line on the first failure of the round (``client <id>: <Type>: <message>``), "" if none.
     error: str = ""
+    train_states: dict[int, TrainState] = field(default_factory=dict)
 
 
 class Aggregator:
@@ -212,6 +214,7 @@ def train_client(
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
             upload = strategy.upload(worker, ctx)
             metrics = worker.train_stats()
+            train_state = worker.train_state()
             if eval_metrics is not None and data.test_idx.numel() > 0:
                 eval_metrics.reset()
                 evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
@@ -219,7 +222,14 @@ def train_client(
         finally:
             worker.fl = None
     return ClientResult(
-        cid, upload, ctx.state, data.num_samples, metrics, payload_bytes(message), payload_bytes(upload)
+        cid,
+        upload,
+        ctx.state,
+        data.num_samples,
+        metrics,
+        payload_bytes(message),
+        payload_bytes(upload),
+        train_state,
     )
 
 
@@ -365,6 +375,7 @@ class FederatedLoop:
             store.put(cid, res.state)
             result.info.aggregated.append(cid)
             result.client_metrics[cid] = dict(res.metrics, num_samples=res.num_samples)
+            result.train_states[cid] = res.train_state
             result.bytes_down += res.bytes_down
             result.bytes_up += res.bytes_up
             if on_client_end is not None:
@@ -376,7 +387,7 @@ class FederatedLoop:
             return result
         result.means = agg.means()
         result.info.weight_totals = dict(agg.totals)
-        result.train_metrics = _weighted_means(result.client_metrics)
+        result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
         return result
 
 
@@ -386,17 +397,19 @@ def _exchange(result: RoundResult, store: Any) -> None:
         "aggregated": result.info.aggregated,
         "failed": result.failed,
         "metrics": result.client_metrics,
+        "train_states": result.train_states,
         "bytes": (result.bytes_down, result.bytes_up),
         "error": result.error,
         "states": {cid: store.get(cid) for cid in result.info.aggregated},
     }
-    result.info.aggregated, result.failed, result.client_metrics = [], [], {}
+    result.info.aggregated, result.failed, result.client_metrics, result.train_states = [], [], {}, {}
     result.bytes_down = result.bytes_up = 0
     result.error = ""
     for part in all_gather_objects(mine):
         result.info.aggregated += part["aggregated"]
         result.failed += part["failed"]
         result.client_metrics.update(part["metrics"])
+        result.train_states.update(part["train_states"])
         result.bytes_down += part["bytes"][0]
         result.bytes_up += part["bytes"][1]
         result.error = result.error or part["error"]
@@ -412,18 +425,6 @@ def one_line(err: BaseException) -> str:
     """``"<Type>: <first line of the message>"`` (just the type for an empty message)."""
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-
-
-def _weighted_means(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
-    """Sample-weighted means of the clients' train statistics."""
-    keys = ("train_loss", "train_acc")
-    total = sum(m["num_samples"] for m in client_metrics.values())
-    out = {}
-    for k in keys:
-        vals = [(m[k], m["num_samples"]) for m in client_metrics.values() if k in m]
-        if vals and total:
-            out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
-    return out
 
 
 def timed() -> Callable[[], float]:

@@ -159,12 +159,14 @@ def check_sam_args(rho: float, clip_norm: float | None, rho_field: str = "rho") 
 @contextlib.contextmanager
 def _frozen_train_stats(module: nn.Module) -> Iterator[None]:
     """Keep the client's running train statistics unchanged (they report the loss at ``w``, not ``w+e``)."""
-    sums = getattr(module, "_train_sums", None)
+    paused = getattr(module, "_train_paused", None)
+    if paused is not None:
+        module._train_paused = True
     try:
         yield
     finally:
-        if hasattr(module, "_train_sums"):
-            module._train_sums = sums
+        if paused is not None:
+            module._train_paused = paused
 
 
 class SharpnessAware:

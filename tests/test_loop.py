@@ -1,12 +1,17 @@
+import copy
 import math
 import shutil
 
 import pytest
 import torch
+from torch import nn
 
 from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.client import ClientModule, merge_train_states
+from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError, RunError
-from fl_lightning.loop import Aggregator, num_sampled, sample_clients
+from fl_lightning.loop import Aggregator, FederatedLoop, LocalConfig, num_sampled, sample_clients
+from fl_lightning.state import ClientStateStore
 from fl_lightning.strategies import FedAvg, FedAvgM
 
 from conftest import global_weights, make_data, make_module
@@ -185,3 +190,61 @@ def test_compiled_local_steps_match_eager(fit):
     a, b = global_weights(eager), global_weights(compiled)
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)
     assert any(not torch.equal(a[k], global_weights(make_module(FedAvg()))[k]) for k in a)  # it trained
+
+
+class RecordingClient(ClientModule):
+    """A ClientModule that records every step's task loss, batch size and number of correct samples."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[tuple[float, int, int]] = []
+
+    def _track_train(self, outputs, target, loss) -> None:
+        correct = int((outputs.argmax(dim=1) == target).sum())
+        self.steps.append((float(loss), target.shape[0], correct))
+        super()._track_train(outputs, target, loss)
+
+
+def test_round_train_metrics_pool_the_samples_of_all_clients():
+    """train/loss and train/acc are means over every sample trained on (client states merged).
+
+    Two clients of 10 and 40 samples each take 3 steps of batch 8: client 0 sees 8 + 2 + 8 samples
+    (a smaller last batch of its first pass), client 1 sees 24. The pooled mean weights the clients
+    by those counts, not by their sizes as a mean of per-client means weighted by size would.
+    """
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    clients = [
+        ClientData(0, x, y, torch.arange(10), torch.empty(0, dtype=torch.long)),
+        ClientData(1, x, y, torch.arange(10, 50), torch.empty(0, dtype=torch.long)),
+    ]
+    worker = RecordingClient(nn.Linear(4, 3), lr=0.1)
+    model = copy.deepcopy(worker)
+    loop = FederatedLoop(LocalConfig(batch_size=8, local_steps=3))
+    res = loop.run_round(0, model, worker, FedAvg(), clients, ClientStateStore(), sampled=[0, 1])
+
+    per_client = {0: worker.steps[:3], 1: worker.steps[3:]}
+    seen = {c: sum(n for _, n, _ in s) for c, s in per_client.items()}
+    assert seen == {0: 18, 1: 24}
+    for c, steps in per_client.items():
+        assert res.client_metrics[c]["train_loss"] == pytest.approx(sum(v * n for v, n, _ in steps) / seen[c])
+        assert res.client_metrics[c]["train_acc"] == pytest.approx(sum(k for _, _, k in steps) / seen[c])
+    pooled_loss = sum(v * n for v, n, _ in worker.steps) / 42
+    pooled_acc = sum(k for _, _, k in worker.steps) / 42
+    assert res.train_metrics["train_loss"] == pytest.approx(pooled_loss, rel=1e-6)
+    assert res.train_metrics["train_acc"] == pytest.approx(pooled_acc, rel=1e-6)
+    # the former mean of per-client means weighted by client size (10, 40) is a different number
+    by_size = sum(res.client_metrics[c]["train_loss"] * n for c, n in ((0, 10), (1, 40))) / 50
+    assert by_size != pytest.approx(pooled_loss, rel=1e-4)
+
+
+def test_train_metrics_merge_states_in_client_order():
+    a, b = ClientModule(nn.Linear(2, 2)), ClientModule(nn.Linear(2, 2))
+    assert a.train_state() == {} and merge_train_states([a.train_state()]) == {}
+    a._track_train(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]), torch.tensor(2.0))
+    b._track_train(torch.tensor([[1.0, 0.0]]), torch.tensor([0]), torch.tensor(5.0))
+    merged = merge_train_states([a.train_state(), b.train_state()])
+    assert merged == pytest.approx({"train_loss": (2.0 * 2 + 5.0) / 3, "train_acc": 2 / 3})
+    assert a.train_stats() == pytest.approx({"train_loss": 2.0, "train_acc": 0.5})
+    a.reset_train_stats()
+    assert a.train_state() == {}
