@@ -100,7 +100,7 @@ def framework(
 ) -> list[float]:
     """Per-round seconds of ``strategy`` through FederatedModule and a Lightning Trainer."""
     device = torch.device(args.device)
-    client = ClientModule(make_net(args), lr=args.lr, weight_decay=args.weight_decay)
+    client = ClientModule(make_net(args), lr=args.lr, momentum=0.0, weight_decay=args.weight_decay)
     module = FederatedModule(
         client, strategy, local_steps=args.local_steps, eval_clients_every=0, compile=compile
     )

@@ -6,7 +6,7 @@
 from fl_lightning.core.client import ClientModule
 from fl_lightning.core.module import FederatedModule
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies, register_strategy
 
 __version__ = "0.1.0"
@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "FederatedDataModule",
     "FederatedModule",
+    "RunError",
     "Strategy",
     "get_strategy",
     "list_strategies",

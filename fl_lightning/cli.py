@@ -1,16 +1,21 @@
-"""``python -m fl_lightning {fit,validate,test}``: LightningCLI over the federated module and data."""
+"""``python -m fl_lightning {fit,validate,test,predict}``: LightningCLI over the federated module and data."""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import itertools
 import logging
+import os
 import re
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
@@ -24,7 +29,7 @@ from fl_lightning.core.module import FederatedModule
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.models import MODELS
 from fl_lightning.strategies import list_strategies
 
@@ -44,17 +49,50 @@ _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
 
 class FederatedArgumentParser(LightningArgumentParser):
-    """The CLI's parser: parse errors are reported on one line, with the choices where they help."""
+    """The CLI's parser: parse errors are one ``error:`` line (no usage), with the choices where they help."""
+
+    def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
+        self._fl_args = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         text = " ".join(message.split())
         match = re.match(r'Parser key "([^"]+)"', text)
-        if match and match.group(1).endswith("strategy"):
+        nested = re.match(
+            r'Parser key "([^"]+)": Problem with given class_path \'[^\']+\': (?:Parser key "([^"]+)": )?',
+            text,
+        )
+        if nested:  # a bad init_args value: name the full field, e.g. model.strategy.mu
+            field = ".".join(k for k in nested.groups() if k)
+            text = f"{field}: {text[nested.end() :]}"
+        elif match and match.group(1).endswith("strategy"):
             names = ", ".join(list_strategies())
             given = re.search(r"but (\S+) either", text)
             what = f"{given.group(1)!r} is not" if given else "value is not"
             text = f"{match.group(1)}: {what} a known strategy; choose one of {names} or a full class path"
-        super().error(text, ex)
+        elif "Problems parsing config" in text:
+            text = _yaml_error(getattr(self, "_fl_args", [])) or text
+        if not self.exit_on_error:  # jsonargparse is trying alternatives: let it catch the error
+            super().error(text, ex)
+        sys.stderr.write(f"error: {text}\n")
+        self.exit(2)
+
+
+def _yaml_error(args: list[Any]) -> str | None:
+    """``"<file>: YAML syntax error at line L, column C: <problem>"`` for the first broken ``--config``."""
+    files = [b for a, b in itertools.pairwise(args) if a == "--config"]
+    files += [str(a).split("=", 1)[1] for a in args if str(a).startswith("--config=")]
+    for path in files:
+        try:
+            with open(path) as f:
+                yaml.safe_load(f)
+        except yaml.MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            return f"{path}: YAML syntax error{where}: {err.problem or err.context}; fix the file"
+        except (OSError, yaml.YAMLError):
+            continue
+    return None
 
 
 class SaveConfigAfterRestore(SaveConfigCallback):
@@ -104,6 +142,43 @@ class FederatedCLI(LightningCLI):
             run=run,
             **kwargs,
         )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """One seed: ``seed_everything`` is also ``model.seed`` and, unless set, ``data.seed``.
+
+        ``model.seed`` (client sampling, every client's RNG stream) is linked and cannot be set on its
+        own; ``data.seed`` (partition, local test and validation splits) defaults to null, meaning
+        ``seed_everything``: set it to keep a split fixed while ``seed_everything`` varies the training.
+        """
+        parser.link_arguments("seed_everything", "model.seed", compute_fn=_run_seed)
+        for action in parser._actions:
+            if action.dest == "seed_everything":
+                action.help = (
+                    "The run's one seed: global RNGs (network initialisation), model.seed (client "
+                    "sampling, clients' RNG streams; linked) and data.seed unless set (the split). "
+                    "true: a random seed, recorded in config.yaml"
+                )
+
+    def instantiate_classes(self) -> None:
+        """Build the classes with ``model.seed`` and a null ``data.seed`` set to the run's seed.
+
+        ``seed_everything: true`` draws the seed after parsing, so the link's value is replaced here.
+        ``config.yaml`` keeps ``data.seed: null``: rerunning it with another ``seed_everything``
+        changes the split too, as the first run's command would have.
+        """
+        config = self.config.get(str(self.subcommand), self.config)
+        seed = _run_seed(config.get("seed_everything"))
+        for path in [*(self.config.get("config") or []), *(config.get("config") or [])]:
+            _check_model_seed(path, seed)
+        config["model.seed"] = seed
+        follow = config.get("data.seed") is None
+        if follow:
+            config["data.seed"] = seed
+        try:
+            super().instantiate_classes()
+        finally:
+            if follow:
+                config["data.seed"] = None
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` before anything runs (one line if it is not a checkpoint).
@@ -172,7 +247,55 @@ class FederatedCLI(LightningCLI):
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super()._instantiate_trainer(config, callbacks)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        _check_writable(trainer.default_root_dir, "trainer.default_root_dir")
+        for logger in trainer.loggers:
+            if logger.save_dir is not None:
+                _check_writable(logger.save_dir, "trainer.logger.init_args.save_dir")
+        return trainer
+
+    def _set_seed(self) -> None:
+        seed = self._get(self.config, "seed_everything")
+        if seed is not None and not isinstance(seed, bool):
+            check_number(seed, "seed_everything", low=0, high=2**32 - 1, hint="or true for a random seed")
+        super()._set_seed()
+
+
+def _check_writable(path: str | os.PathLike, field: str) -> None:
+    """Raise a one-line :class:`ConfigError` unless ``path`` (a local folder) can be created and written."""
+    path = os.fspath(path)
+    if "://" in path:  # a remote file system: its own client reports problems
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{field}={path} is a file, not a folder; choose a writable folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"{field}={path}: cannot write there ({err.strerror or err}); choose a writable folder"
+        ) from None
+
+
+def _run_seed(seed_everything: bool | int | None) -> int:
+    """The federated run's seed: ``seed_everything`` (0 when it is false, or not drawn yet)."""
+    return seed_everything if type(seed_everything) is int else 0
+
+
+def _check_model_seed(path: Any, seed: int) -> None:
+    """A config file's ``model.seed`` other than ``seed_everything`` is an error, not silently replaced.
+
+    jsonargparse overwrites a linked target read from a file; an equal value (configs and run
+    ``config.yaml`` files written before the link) is accepted.
+    """
+    content = yaml.safe_load(path.get_content()) if hasattr(path, "get_content") else None
+    model = content.get("model") if isinstance(content, dict) else None
+    if isinstance(model, dict) and model.get("seed", seed) != seed:
+        raise ConfigError(
+            f"model.seed={model['seed']} in {path}: model.seed is seed_everything (linked); "
+            f"set seed_everything: {model['seed']} and remove model.seed"
+        )
 
 
 def _last_round_checkpoint(given: list[Callback]) -> list[Callback]:
@@ -277,6 +400,18 @@ def main(args: Any = None) -> None:
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(2) from None
+    except RunError as err:
+        sys.stderr.write(f"error: {err}\n")
+        raise SystemExit(1) from None
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        sys.stderr.write(
+            f"error: no space left on the device{where}; free some space or choose another folder with "
+            "--trainer.default_root_dir\n"
+        )
+        raise SystemExit(1) from None
     finally:
         lightning_log.removeFilter(noise)
         for handler in lightning_log.handlers:

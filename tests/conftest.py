@@ -43,7 +43,9 @@ def make_module(
 ) -> FederatedModule:
     torch.manual_seed(0)
     client = ClientModule(
-        SmallCNN(in_channels=1, num_classes=10, width=width, hidden=16), lr=0.1, **(client_kw or {})
+        SmallCNN(in_channels=1, num_classes=10, width=width, hidden=16),
+        lr=0.1,
+        **{"momentum": 0.0, **(client_kw or {})},
     )
     kw.setdefault("local_steps", 2)
     return FederatedModule(client=client, strategy=strategy or FedAvg(), **kw)

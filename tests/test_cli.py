@@ -1,6 +1,8 @@
 """``python -m fl_lightning``: LightningCLI subcommands, overrides, configs and one-line errors."""
 
+import errno
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.core.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
+from fl_lightning.core.module import FederatedModule
 from fl_lightning.runs import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +60,47 @@ def test_print_config_and_help_document_every_knob(tmp_path, capsys):
     assert "Fraction of clients sampled per round" in helptext and "--data.partition" in helptext
 
 
+def test_print_config_shows_the_default_network_and_client_defaults(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "fit", "--print_config")
+    printed = capsys.readouterr().out
+    model = printed[printed.index("\nmodel:") :]
+    client = model[: model.index("\n  strategy:")]
+    assert "class_path: fl_lightning.models.SmallCNN" in client and "net: null" not in client
+    assert "lr: 0.1" in client and "momentum: 0.9" in client
+
+
+def _cli(*args: str) -> FederatedCLI:
+    return FederatedCLI(args=[*args, "--trainer.logger=false"], run=False)
+
+
+def test_seed_everything_is_the_one_seed_and_data_seed_can_pin_the_split():
+    cli = _cli("--seed_everything=3")
+    assert (cli.model.seed, cli.datamodule.seed) == (3, 3)
+    pinned = _cli("--seed_everything=3", "--data.seed=1")
+    assert (pinned.model.seed, pinned.datamodule.seed) == (3, 1)
+    assert pinned.config["data.seed"] == 1 and cli.config["data.seed"] is None  # config.yaml keeps null
+    drawn = _cli("--seed_everything=true")
+    assert drawn.model.seed == drawn.datamodule.seed == drawn.config["seed_everything"]
+
+
+def test_a_config_file_model_seed_must_equal_seed_everything(tmp_path, capsys):
+    old = tmp_path / "old.yaml"  # configs and run config.yaml files written before the link
+    old.write_text("seed_everything: 4\nmodel:\n  seed: 4\ndata:\n  seed: 4\n")
+    cli = _cli(f"--config={old}")
+    assert (cli.model.seed, cli.datamodule.seed) == (4, 4)
+    other = tmp_path / "other.yaml"
+    other.write_text("seed_everything: 0\nmodel:\n  seed: 5\n")
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", f"--config={other}", "--trainer.max_steps=1")
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert lines == [
+        f"error: model.seed=5 in {other}: model.seed is seed_everything (linked); "
+        "set seed_everything: 5 and remove model.seed"
+    ]
+
+
 def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
     run_cli(tmp_path, "fit", *FAST, "--model.local_steps=2")
     ckpt = next((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
@@ -82,12 +126,22 @@ def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model.participation=1.5"], "error: model.participation=1.5 is outside (0, 1]"),
+        (["--model.participation=1.5"], "error: model.participation=1.5 must be in (0, 1]"),
         (["--data.partition.alpha=-1"], "error: data.partition.alpha=-1.0 must be > 0"),
         (["--data.dataset=foo"], "error: data.dataset='foo' is unknown"),
         (["--data.num_clients=5000"], "error: data.num_clients=5000 exceeds the 1437 training samples"),
         (["--model.strategy=FedFoo"], "error: model.strategy: 'FedFoo' is not a known strategy"),
         (["--model.clients_per_round=20"], "error: model.clients_per_round=20 must be between 1 and"),
+        (["--model.seed=3"], 'error: Linked "model.seed" must be given via "seed_everything"'),
+        (
+            ["--trainer.gradient_clip_val=1"],
+            "error: trainer.gradient_clip_val=1.0 does not reach the clients",
+        ),
+        (["--trainer.accumulate_grad_batches=4"], "error: trainer.accumulate_grad_batches=4 does not apply"),
+        (
+            ["--trainer.max_epochs=5"],
+            "error: trainer.max_epochs=5: one epoch holds all rounds; set trainer.max_steps",
+        ),
     ],
 )
 def test_bad_input_is_a_one_line_error_naming_the_field(tmp_path, capsys, args, message):
@@ -98,6 +152,130 @@ def test_bad_input_is_a_one_line_error_naming_the_field(tmp_path, capsys, args, 
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(message), err
     assert not list(tmp_path.glob("lightning_logs/version_*")), "a failed run left a run folder"
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and "usage:" not in err and "tip:" not in err, err
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], err
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.client.init_args.momentum=-1"], "error: model.client.momentum=-1.0 must be in [0, 1)"),
+        (["--model.client.init_args.weight_decay=-1"], "error: model.client.weight_decay=-1.0 must be >= 0"),
+        (["--model.grad_clip_norm=-1"], "error: model.grad_clip_norm=-1.0 must be > 0"),
+        (["--data.seed=-1"], "error: data.seed=-1 must be >= 0"),
+        (["--data.eval_batch_size=0"], "error: data.eval_batch_size=0 must be >= 1"),
+        (["--seed_everything=-1"], "error: seed_everything=-1 must be in [0, 4294967295]"),
+        (
+            ["--model.strategy=FedProx", "--model.strategy.mu=.nan"],
+            "error: model.strategy.mu=nan must be a finite",
+        ),
+    ],
+)
+def test_bad_numbers_are_one_line_errors(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", "--trainer.max_steps=1", "--trainer.enable_progress_bar=false", *args)
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys).startswith(message)
+
+
+def test_nan_lr_in_a_yaml_config_is_one_line(tmp_path, capsys):
+    config = tmp_path / "nan.yaml"
+    config.write_text("model:\n  client:\n    init_args:\n      lr: .nan\n")
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", f"--config={config}", "--trainer.max_steps=1")
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == "error: model.client.lr=nan must be a finite number > 0; e.g. 0.1"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.client.init_args.lr=abc"], "error: model.client.lr: Expected a <class 'float'>"),
+        (["--model.strategy=FedProx", "--model.strategy.mu=abc"], "error: model.strategy.mu: Expected a"),
+        (["--nope=1"], "error: unrecognized arguments: --nope=1"),
+    ],
+)
+def test_parse_errors_are_one_line_without_usage(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", *args)
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys).startswith(message)
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("model:\n  client:\n    init_args:\n      lr: [1\n  foo: : bar\n")
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", "--config", str(config))
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys).startswith(f"error: {config}: YAML syntax error at line 5, column 6:")
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "proc"])
+def test_an_unwritable_log_folder_is_one_line(tmp_path, capsys, where):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    root = {"file": afile, "under_file": afile / "sub", "proc": Path("/proc/fl_lightning_x")}[where]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--trainer.max_steps=1", f"--trainer.default_root_dir={root}"])
+    assert exit_info.value.code == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: trainer.default_root_dir={root}") and "choose a writable folder" in line
+
+
+def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    def full(self, batch, batch_idx):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "events.out"))
+
+    monkeypatch.setattr(FederatedModule, "training_step", full)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", *FAST)
+    assert exit_info.value.code == 1
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: no space left on the device writing {tmp_path / 'events.out'}")
+
+
+def test_clients_failing_every_round_stop_the_cli_with_one_line(tmp_path, capsys, monkeypatch):
+    # main() binds its log handler to this test's captured stdout, not an earlier test's (closed) one
+    monkeypatch.setattr(logging.getLogger("fl_lightning"), "handlers", [])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(
+            tmp_path,
+            "fit",
+            *FAST,
+            "--trainer.max_steps=5",
+            "--model.local_steps=1",
+            "--model.max_failed_rounds=2",
+            "--model.strategy=fl_test_strategies.FailOn",
+            "--model.strategy.raise_on=[0,1,2,3]",
+        )
+    assert exit_info.value.code == 1
+    line = _one_error_line(capsys)
+    assert line.startswith("error: round 1: every sampled client failed for 2 consecutive rounds")
+    assert "RuntimeError: deliberate failure" in line
+
+
+def test_predict_returns_the_global_models_predictions(tmp_path):
+    cli = FederatedCLI(
+        args=[
+            "predict",
+            "--data.num_clients=4",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ],
+    )
+    module, dm = cli.model, cli.datamodule
+    batches = cli.trainer.predict_loop.predictions
+    preds = torch.cat([b["predictions"] for b in batches])
+    assert preds.shape == dm.splits.test_y.shape
+    with torch.no_grad():
+        assert torch.equal(preds, module.client(dm.splits.test_x).argmax(dim=1))
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
@@ -238,7 +416,7 @@ def test_module_entry_point_runs_as_a_program(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: model.participation=0.0 is outside (0, 1]")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: model.participation=0.0 must be in (0, 1]")
 
 
 def test_a_run_prints_no_tips_or_deprecation_noise(tmp_path):

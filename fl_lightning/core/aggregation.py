@@ -34,15 +34,3 @@ class Aggregator:
 
     def means(self) -> Payload:
         return {g: {n: t / self.totals[g] for n, t in ts.items()} for g, ts in self.sums.items()}
-
-
-def _weighted_means(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
-    """Sample-weighted means of the clients' train statistics."""
-    keys = ("train_loss", "train_acc")
-    total = sum(m["num_samples"] for m in client_metrics.values())
-    out = {}
-    for k in keys:
-        vals = [(m[k], m["num_samples"]) for m in client_metrics.values() if k in m]
-        if vals and total:
-            out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
-    return out

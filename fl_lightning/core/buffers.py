@@ -12,7 +12,7 @@ class TensorBuffers(nn.Module):
     """A dict of tensors registered as buffers, keyed by model parameter names (dots allowed).
 
     Server state of a strategy that has the shape of the model (SCAFFOLD's control variate ``c``,
-    FedDyn's dual ``h``, FedAdam's moments) lives here: as buffers of a submodule of the strategy it
+    FedDyn's dual ``h``) lives here: as buffers of a submodule of the strategy it
     is saved and restored by Lightning's checkpoint and follows the strategy to the device. Buffer
     names cannot contain ``.``, so ``net.conv1.weight`` is stored as ``net/conv1/weight``; every
     accessor takes and returns the parameter names.

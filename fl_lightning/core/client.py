@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
+from torchmetrics.aggregation import MeanMetric
 
-from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.core.types import ClientContext, TrainState
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.models.cnn import SmallCNN
+
+#: The default network, for the embedded digits data; a lazy instance so ``--print_config`` shows it.
+_DEFAULT_NET = lazy_instance(SmallCNN, in_channels=1, num_classes=10)
+#: The per-client and per-round training metrics (task loss and accuracy over the local steps).
+TRAIN_METRICS = ("train_loss", "train_acc")
 
 
 class ClientModule(LightningModule):
@@ -26,24 +34,31 @@ class ClientModule(LightningModule):
     Subclass and override :meth:`task_loss`, :meth:`training_step` or :meth:`configure_optimizers`
     for other tasks; keep calling :meth:`local_term` so strategies still apply.
 
+    The training metrics of a client's local run are torchmetrics ``MeanMetric``s in
+    ``fl_train_metrics``: ``train_loss`` (each step's task loss weighted by its batch size) and
+    ``train_acc`` (the mean of the per-sample correctness). The loop pools the clients' metric STATES
+    into the round's ``train/loss`` and ``train/acc`` (:func:`merge_train_states`), so these are means
+    over every sample seen in the round, not means of per-client means.
+
     Args:
-        net: The network (any ``nn.Module`` mapping a batch of inputs to logits); None gives
-            ``SmallCNN(in_channels=1, num_classes=10)``, the default for the embedded digits data.
+        net: The network (any ``nn.Module`` mapping a batch of inputs to logits). Default:
+            ``SmallCNN(in_channels=1, num_classes=10)``, for the embedded digits data (also for None).
         task: ``"multiclass"`` (softmax cross-entropy, integer targets) or ``"multilabel"``
             (sigmoid binary cross-entropy, 0/1 target vectors).
         optimizer: Local optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: Local learning rate at round 0 (the loop multiplies it by ``lr_decay ** round``).
+        lr: Local learning rate at round 0 (the loop multiplies it by ``lr_decay ** round``). The
+            defaults (lr 0.1, momentum 0.9) are those of the zero-config run.
         momentum: SGD momentum (local; the buffer is reset every round as in the papers).
         weight_decay: Weight decay applied by the optimizer (``L2`` for SGD/Adam, decoupled for AdamW).
     """
 
     def __init__(
         self,
-        net: nn.Module | None = None,
+        net: nn.Module | None = _DEFAULT_NET,
         task: Literal["multiclass", "multilabel"] = "multiclass",
         optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
-        lr: float = 0.05,
-        momentum: float = 0.0,
+        lr: float = 0.1,
+        momentum: float = 0.9,
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__()
@@ -51,16 +66,27 @@ class ClientModule(LightningModule):
             raise ConfigError(f"model.client.task={task!r} must be 'multiclass' or 'multilabel'")
         if optimizer not in ("sgd", "adam", "adamw"):
             raise ConfigError(f"model.client.optimizer={optimizer!r} must be one of sgd, adam, adamw")
-        if lr <= 0:
-            raise ConfigError(f"model.client.lr={lr} must be > 0")
-        self.net = SmallCNN(in_channels=1, num_classes=10) if net is None else net
+        check_number(lr, "model.client.lr", low=0, low_open=True, hint="e.g. 0.1")
+        check_number(
+            momentum, "model.client.momentum", low=0, high=1, high_open=True, hint="0: plain SGD; e.g. 0.9"
+        )
+        check_number(weight_decay, "model.client.weight_decay", low=0, hint="0: none; e.g. 1e-4")
+        # the CLI builds a fresh network from the config; from Python the default is one shared object
+        self.net = SmallCNN(in_channels=1, num_classes=10) if net is None or net is _DEFAULT_NET else net
         self.task = task
         self.optimizer_name = optimizer
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.fl: ClientContext | None = None
-        self._train_sums: list | None = None  # [sum of loss*n, correct, n]
+        # nan_strategy="disable": no NaN check, so no host sync (torchmetrics 1.9 then ignores `weight`,
+        # hence each loss is passed repeated once per sample of its batch instead of weighted); no
+        # sync_on_compute: each process trains its own clients.
+        self.fl_train_metrics = nn.ModuleDict(
+            {k: MeanMetric(nan_strategy="disable", sync_on_compute=False) for k in TRAIN_METRICS}
+        )
+        self._train_batches: list[tuple[Tensor, Tensor]] = []  # (loss, per-sample correctness) per step
+        self._train_paused = False  # set by the SAM step around its second (perturbed) pass
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -96,25 +122,69 @@ class ClientModule(LightningModule):
 
     # ---------------------------------------------------------------- cheap training statistics
     def reset_train_stats(self) -> None:
-        """Start a new local run's running sums (called by the loop before local training)."""
-        self._train_sums = None
+        """Start a new local run's training metrics (called by the loop before local training)."""
+        self._train_batches.clear()
+        for metric in self.fl_train_metrics.values():
+            metric.reset()
 
     def _track_train(self, outputs: Tensor, target: Tensor, loss: Tensor) -> None:
-        n = target.shape[0]
+        """Record one step's task loss and per-sample correctness (no sync; metrics updated later)."""
+        if self._train_paused:
+            return
         outputs = outputs.detach()
         if self.task == "multiclass":
-            correct = (outputs.argmax(dim=1) == target).sum()
+            correct = outputs.argmax(dim=1) == target
         else:  # label-wise accuracy at threshold 0.5
-            correct = ((outputs > 0) == target.bool()).float().mean(dim=1).sum()
-        weighted = loss.detach() * n
-        sums = self._train_sums
-        if sums is not None:
-            weighted, correct, n = sums[0] + weighted, sums[1] + correct, sums[2] + n
-        self._train_sums = [weighted, correct, n]
+            correct = ((outputs > 0) == target.bool()).float().mean(dim=1)
+        self._train_batches.append((loss.detach(), correct))
+
+    def _update_train_metrics(self) -> None:
+        """Update the metrics with the steps recorded since the last call: one ``update`` per metric.
+
+        Batched, not per step, to keep the local step as cheap as the hand-written loop's (an
+        ``update`` costs a few small kernels); the loss enters once per sample of its batch.
+        """
+        batches = self._train_batches
+        if not batches:
+            return
+        losses = torch.cat([loss.expand(correct.shape[0]) for loss, correct in batches])
+        self.fl_train_metrics["train_loss"].update(losses)
+        self.fl_train_metrics["train_acc"].update(torch.cat([correct for _, correct in batches]))
+        batches.clear()
+
+    def train_state(self) -> TrainState:
+        """The training metrics' states on the CPU (one device-to-host copy); {} if no step was tracked."""
+        self._update_train_metrics()
+        metrics = self.fl_train_metrics
+        if metrics["train_loss"].update_count == 0:
+            return {}
+        names = [(k, attr) for k, m in metrics.items() for attr in m._defaults]
+        values = torch.stack([getattr(metrics[k], attr).detach() for k, attr in names]).cpu()
+        state: TrainState = {k: {} for k in metrics}
+        for (k, attr), value in zip(names, values, strict=True):
+            state[k][attr] = value
+        return state
 
     def train_stats(self) -> dict[str, float]:
-        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats`."""
-        if self._train_sums is None:
+        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats` (one sync)."""
+        self._update_train_metrics()
+        metrics = self.fl_train_metrics
+        if metrics["train_loss"].update_count == 0:
             return {}
-        loss_sum, correct, n = self._train_sums
-        return {"train_loss": float(loss_sum) / n, "train_acc": float(correct) / n}
+        values = torch.stack([m.compute().float() for m in metrics.values()]).tolist()
+        return dict(zip(metrics.keys(), values, strict=True))
+
+
+def merge_train_states(states: Iterable[TrainState]) -> dict[str, float]:
+    """Pool clients' training-metric states (torchmetrics ``merge_state``) and compute each metric once.
+
+    For the loss this is ``sum_k loss_sum_k / sum_k seen_k`` over the clients' samples seen, the mean
+    over all of them (likewise the accuracy); states are merged in the order given.
+    """
+    merged = {k: MeanMetric(nan_strategy="disable", sync_on_compute=False) for k in TRAIN_METRICS}
+    for state in states:
+        for k, metric in merged.items():
+            if k in state:
+                metric.merge_state(state[k])
+                metric._update_count += 1  # torchmetrics 1.9's merge_state does not count (compute warns)
+    return {k: float(m.compute()) for k, m in merged.items() if m.update_count}

@@ -132,6 +132,7 @@ def train_client(
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
             upload = strategy.upload(worker, ctx)
             metrics = worker.train_stats()
+            train_state = worker.train_state()
             if eval_metrics is not None and data.test_idx.numel() > 0:
                 eval_metrics.reset()
                 evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
@@ -139,7 +140,14 @@ def train_client(
         finally:
             worker.fl = None
     return ClientResult(
-        cid, upload, ctx.state, data.num_samples, metrics, payload_bytes(message), payload_bytes(upload)
+        cid,
+        upload,
+        ctx.state,
+        data.num_samples,
+        metrics,
+        payload_bytes(message),
+        payload_bytes(upload),
+        train_state,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from typing import Any, Literal
 
@@ -26,7 +27,7 @@ from fl_lightning.core.types import ClientResult, RoundResult
 from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.tensor import load_tensors, to_device
 from fl_lightning.strategies.base import Strategy
 from fl_lightning.strategies.fedavg import FedAvg
@@ -39,8 +40,7 @@ log = logging.getLogger("fl_lightning")
 CLIENT_PREFIX = "z_client"
 
 _SMALL_MODEL = 1_000_000  # parameters; below this a CPU process trains on one intra-op thread by default
-_CLIENT_DEFAULTS = {"lr": 0.1, "momentum": 0.9}
-_DEFAULT_CLIENT = lazy_instance(ClientModule, **_CLIENT_DEFAULTS)
+_DEFAULT_CLIENT = lazy_instance(ClientModule)
 _DEFAULT_STRATEGY = lazy_instance(FedAvg)
 
 
@@ -67,7 +67,12 @@ class FederatedModule(LightningModule):
             this many rounds (``z_client/<id>/*`` and ``personal/*``); 0: only at the end of fit.
         tolerate_client_failures: Exclude (and count) a client whose local training raises or
             returns non-finite values instead of stopping the run.
-        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout).
+        max_failed_rounds: With ``tolerate_client_failures``, a round in which every sampled client
+            failed is skipped (global model and server optimizer unchanged, ``round/failed_clients``
+            logged, a warning); this many consecutive skipped rounds stop the run with a
+            :class:`~fl_lightning.errors.RunError` that quotes the first client's error.
+        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). On
+            the command line it is ``seed_everything`` (linked; not a separate option).
         state_memory_mb: Memory budget of the per-client state store in MiB; states of the least
             recently trained clients beyond it are kept on disk (None: all in memory).
         state_dir: Folder for spilled client states (default: a temporary folder).
@@ -94,6 +99,7 @@ class FederatedModule(LightningModule):
         grad_clip_norm: float | None = None,
         eval_clients_every: int = 1,
         tolerate_client_failures: bool = True,
+        max_failed_rounds: int = 3,
         seed: int = 0,
         state_memory_mb: float | None = None,
         state_dir: str | None = None,
@@ -101,18 +107,30 @@ class FederatedModule(LightningModule):
         compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
     ) -> None:
         super().__init__()
-        if not 0.0 < participation <= 1.0:
-            raise ConfigError(
-                f"model.participation={participation} is outside (0, 1]; e.g. 0.1 samples 10% of clients"
-            )
+        check_number(
+            participation,
+            "model.participation",
+            low=0,
+            high=1,
+            low_open=True,
+            hint="e.g. 0.1 samples 10% of clients",
+        )
         if local_steps is None and local_epochs < 1:
             raise ConfigError(f"model.local_epochs={local_epochs} must be >= 1 (or set model.local_steps)")
         if local_steps is not None and local_steps < 1:
             raise ConfigError(f"model.local_steps={local_steps} must be >= 1")
-        if not 0.0 < lr_decay <= 1.0:
-            raise ConfigError(f"model.lr_decay={lr_decay} must be in (0, 1]; the papers use 0.998 per round")
-        if state_memory_mb is not None and state_memory_mb < 0:
-            raise ConfigError(f"model.state_memory_mb={state_memory_mb} must be >= 0 (or null for no limit)")
+        check_number(
+            lr_decay, "model.lr_decay", low=0, high=1, low_open=True, hint="the papers use 0.998 per round"
+        )
+        if grad_clip_norm is not None:
+            check_number(
+                grad_clip_norm, "model.grad_clip_norm", low=0, low_open=True, hint="or null: no clipping"
+            )
+        check_number(seed, "model.seed", low=0, hint="e.g. 0")
+        if max_failed_rounds < 1:
+            raise ConfigError(f"model.max_failed_rounds={max_failed_rounds} must be >= 1 (default 3)")
+        if state_memory_mb is not None:
+            check_number(state_memory_mb, "model.state_memory_mb", low=0, hint="or null for no limit")
         if threads_per_process is not None and threads_per_process < 1:
             raise ConfigError(f"model.threads_per_process={threads_per_process} must be >= 1 (or null)")
         if compile not in (False, True, "default", "reduce-overhead", "max-autotune"):
@@ -124,11 +142,12 @@ class FederatedModule(LightningModule):
             raise ConfigError(f"model.eval_clients_every={eval_clients_every} must be >= 0")
         # The CLI builds fresh objects from the config; from Python the defaults are shared objects,
         # so give each module its own.
-        self.client = ClientModule(**_CLIENT_DEFAULTS) if client is _DEFAULT_CLIENT else client
+        self.client = ClientModule() if client is _DEFAULT_CLIENT else client
         self.strategy = FedAvg() if strategy is _DEFAULT_STRATEGY else strategy
         self.automatic_optimization = False
         self.eval_clients_every = eval_clients_every
         self.seed = seed
+        self.max_failed_rounds = max_failed_rounds
         self.loop = FederatedLoop(
             LocalConfig(0, local_epochs, local_steps, lr_decay, grad_clip_norm, seed, compile),
             participation,
@@ -163,6 +182,16 @@ class FederatedModule(LightningModule):
             w.to(self.device)
             self.__dict__["_worker"] = w
         return w
+
+    def configure_callbacks(self) -> list:
+        """No callbacks; refuses the Trainer options a federated round cannot honour (see below).
+
+        Lightning calls this hook before it checks its own configuration, so the error here names
+        the federated equivalent instead of Lightning's "not supported for manual optimization".
+        """
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            check_trainer_options(self.trainer)
+        return []
 
     def setup(self, stage: str) -> None:
         if self._ready:
@@ -275,11 +304,46 @@ class FederatedModule(LightningModule):
             sampled=sampled,
             assigned=assigned,
         )
-        self._server_step(res)
+        if res.info.aggregated:
+            self._server_step(res)
+        else:
+            self._skip_round(round_idx, res)
         record = self._record(round_idx, res, watch())
         self.history.append(record)
         self._log_round(record, res)
         self._call_federated("on_round_end", round_idx, record)
+
+    def _skip_round(self, round_idx: int, res: RoundResult) -> None:
+        """A round in which every sampled client failed: no server update, but the round counts.
+
+        ``trainer.global_step`` (the round index) counts server optimizer steps, so the step is taken
+        with every gradient None: torch's SGD and Adam skip such parameters (weights, momentum
+        buffers and step counts unchanged). With a GradScaler, whose ``step`` refuses an optimizer
+        without gradients, only the step counter moves. After ``max_failed_rounds`` consecutive
+        skipped rounds (counted from the history, so it survives a resume) the run stops.
+        """
+        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), reversed(self.history)))
+        if failed >= self.max_failed_rounds:
+            raise RunError(
+                f"round {round_idx}: every sampled client failed for {failed} consecutive rounds "
+                f"(last error: {res.error}); see the warnings above, fix the cause or raise "
+                f"model.max_failed_rounds={self.max_failed_rounds}"
+            )
+        log.warning(
+            "round %d skipped: every sampled client failed (%s); global model unchanged (%d of "
+            "model.max_failed_rounds=%d consecutive)",
+            round_idx,
+            res.error,
+            failed,
+            self.max_failed_rounds,
+        )
+        opt = self.optimizers()
+        opt.zero_grad(set_to_none=True)
+        if getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            opt.step()
+        else:
+            opt._on_before_step()
+            opt._on_after_step()
 
     def _server_step(self, res: RoundResult) -> None:
         opt = self.optimizers()
@@ -303,6 +367,7 @@ class FederatedModule(LightningModule):
             "bytes_up": res.bytes_up,
             "time_s": seconds,
             "client_lr": lr,
+            "skipped": not res.info.aggregated,
             **res.train_metrics,
             "this_run": True,
         }
@@ -372,6 +437,19 @@ class FederatedModule(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """The global model on a batch of inputs: ``outputs`` (logits) and ``predictions``.
+
+        Predictions are the arg-max class (multiclass) or the labels with a positive logit, i.e.
+        probability above 0.5 (multilabel). ``python -m fl_lightning predict --ckpt_path ...`` runs
+        it over the global test inputs (:meth:`FederatedDataModule.predict_dataloader`); add a
+        ``BasePredictionWriter`` callback to save the results.
+        """
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        outputs = self.client(x)
+        preds = outputs.argmax(dim=-1) if self.client.task == "multiclass" else (outputs > 0).long()
+        return {"outputs": outputs, "predictions": preds}
 
     def _log_eval(self, prefix: str) -> None:
         values = {f"{prefix}/{k}": v for k, v in gather_metrics(self.global_metrics).compute().items()}
@@ -476,6 +554,36 @@ class FederatedModule(LightningModule):
         self.store.load_state_dict(fl["client_state"])
         self.history = [dict(r, this_run=False) for r in fl["history"]]
         self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
+
+
+def check_trainer_options(trainer: Any) -> None:
+    """Refuse Trainer options that the federated module (manual optimisation) cannot honour.
+
+    A round is one Trainer step that runs every sampled client's local optimizer itself, so the
+    Trainer's gradient clipping and accumulation would never touch a client's gradients, and one
+    epoch holds all rounds, so ``max_epochs`` cannot count them. Each error names the equivalent.
+    """
+    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val > 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val} does not reach the clients' local steps; "
+            "set model.grad_clip_norm (clips every local step's gradient norm) instead"
+        )
+    if trainer.gradient_clip_algorithm is not None:
+        raise ConfigError(
+            f"trainer.gradient_clip_algorithm={trainer.gradient_clip_algorithm.value!r} does not reach the "
+            "clients' local steps; model.grad_clip_norm clips every local step's gradient by norm"
+        )
+    if trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} does not apply to federated "
+            "rounds; set model.local_steps (local steps per round) or data.batch_size instead"
+        )
+    max_epochs = trainer.fit_loop.max_epochs
+    if trainer.max_steps > 0 and max_epochs not in (None, -1, 1):
+        raise ConfigError(
+            f"trainer.max_epochs={max_epochs}: one epoch holds all rounds; set trainer.max_steps (the number "
+            "of rounds) and model.local_epochs (local passes per round) instead"
+        )
 
 
 def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:

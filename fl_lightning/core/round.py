@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from fl_lightning.core.aggregation import Aggregator, _weighted_means
-from fl_lightning.core.client import ClientModule
+from fl_lightning.core.aggregation import Aggregator
+from fl_lightning.core.client import ClientModule, merge_train_states
 from fl_lightning.core.distributed import all_gather_objects, all_reduce_sums, is_distributed
 from fl_lightning.core.local import LocalConfig, train_client
 from fl_lightning.core.metrics import TaskMetrics
@@ -95,6 +95,9 @@ class FederatedLoop:
     ) -> RoundResult:
         """One round over ``sampled`` (default: :meth:`sample`) clients; returns the averaged uploads.
 
+        If every sampled client failed (and failures are tolerated), the result has no aggregated
+        clients and empty ``means``; ``error`` describes the first failure.
+
         ``assigned`` is the share of ``sampled`` this process trains (default: all of them). In a
         process group the weighted sums are all-reduced, and the clients' metrics, byte counts and
         new states are exchanged, so every process returns the same result and holds every state.
@@ -103,7 +106,6 @@ class FederatedLoop:
         mine = sampled if assigned is None else assigned
         agg = Aggregator(strategy)
         result = RoundResult(means={}, info=RoundInfo(round, sampled, [], len(clients)))
-        first_error: BaseException | None = None
         personal = strategy.personal_names(model)
         initial = {n: t for n, t in model.state_dict().items() if n in personal}
         for i, cid in enumerate(mine):
@@ -126,7 +128,7 @@ class FederatedLoop:
             except Exception as err:
                 if not self.tolerate_client_failures:
                     raise
-                first_error = first_error or err
+                result.error = result.error or f"client {cid}: {one_line(err)}"
                 result.failed.append(cid)
                 result.bytes_down += payload_bytes(message)
                 log.warning("round %d: client %d excluded from the aggregate: %s", round, cid, err)
@@ -137,6 +139,7 @@ class FederatedLoop:
             store.put(cid, res.state)
             result.info.aggregated.append(cid)
             result.client_metrics[cid] = dict(res.metrics, num_samples=res.num_samples)
+            result.train_states[cid] = res.train_state
             result.bytes_down += res.bytes_down
             result.bytes_up += res.bytes_up
             if on_client_end is not None:
@@ -144,11 +147,11 @@ class FederatedLoop:
         if is_distributed():
             all_reduce_sums(agg.sums, agg.totals, next(worker.parameters()).device)
             _exchange(result, store)
-        if not result.info.aggregated:
-            raise RuntimeError(f"round {round}: every sampled client failed ({sampled})") from first_error
+        if not result.info.aggregated:  # every client failed: nothing to aggregate (the caller skips it)
+            return result
         result.means = agg.means()
         result.info.weight_totals = dict(agg.totals)
-        result.train_metrics = _weighted_means(result.client_metrics)
+        result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
         return result
 
 
@@ -158,23 +161,34 @@ def _exchange(result: RoundResult, store: Any) -> None:
         "aggregated": result.info.aggregated,
         "failed": result.failed,
         "metrics": result.client_metrics,
+        "train_states": result.train_states,
         "bytes": (result.bytes_down, result.bytes_up),
+        "error": result.error,
         "states": {cid: store.get(cid) for cid in result.info.aggregated},
     }
-    result.info.aggregated, result.failed, result.client_metrics = [], [], {}
+    result.info.aggregated, result.failed, result.client_metrics, result.train_states = [], [], {}, {}
     result.bytes_down = result.bytes_up = 0
+    result.error = ""
     for part in all_gather_objects(mine):
         result.info.aggregated += part["aggregated"]
         result.failed += part["failed"]
         result.client_metrics.update(part["metrics"])
+        result.train_states.update(part["train_states"])
         result.bytes_down += part["bytes"][0]
         result.bytes_up += part["bytes"][1]
+        result.error = result.error or part["error"]
         for cid, state in part["states"].items():
             if cid not in mine["states"]:
                 store.put(cid, state)
     result.info.aggregated.sort()
     result.failed.sort()
     result.client_metrics = dict(sorted(result.client_metrics.items()))
+
+
+def one_line(err: BaseException) -> str:
+    """``"<Type>: <first line of the message>"`` (just the type for an empty message)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def timed() -> Callable[[], float]:

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from fl_lightning.strategies.base import Strategy
 
 
+#: A client's training-metric states (``{metric: {state: tensor}}``), merged over the round's clients.
+TrainState = dict[str, dict[str, Tensor]]
+
+
 @dataclass
 class ClientContext:
     """What a client knows during its local work in one round (the inputs of its work function).
@@ -83,6 +87,7 @@ class ClientResult:
     metrics: dict[str, float]
     bytes_down: int
     bytes_up: int
+    train_state: TrainState = field(default_factory=dict)
 
 
 @dataclass
@@ -96,6 +101,9 @@ class RoundResult:
     bytes_up: int = 0
     failed: list[int] = field(default_factory=list)
     train_metrics: dict[str, float] = field(default_factory=dict)
+    #: One line on the first failure of the round (``client <id>: <Type>: <message>``), "" if none.
+    error: str = ""
+    train_states: dict[int, TrainState] = field(default_factory=dict)
 
 
-__all__ = ["ClientContext", "ClientResult", "Payload", "RoundInfo", "RoundResult"]
+__all__ = ["ClientContext", "ClientResult", "Payload", "RoundInfo", "RoundResult", "TrainState"]

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.data.datasets import DatasetSplits, SyntheticData, is_synthetic, load_dataset
 from fl_lightning.data.partition import Dirichlet, Partitioner, check_num_clients, partition_counts
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 
 
 @dataclass
@@ -129,7 +129,9 @@ class FederatedDataModule(LightningDataModule):
             after every round of ``fit`` (``global/*``, what ``ModelCheckpoint``/``EarlyStopping``
             monitor and the summary's "best") use it, and ``test`` uses the test set. 0 (default):
             no validation split; validation then evaluates the test set.
-        seed: Seed of the partition, of the local test split and of the validation split.
+        seed: Seed of the partition, of the local test split and of the validation split. None: the
+            run's seed (``seed_everything`` on the command line; 0 from Python). Set it to keep the
+            split fixed while ``seed_everything`` varies the initialisation and client sampling.
         synthetic: Options of the generated data (``data.synthetic.shape``, ``num_classes``,
             ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
             that ``dataset`` names; ignored for other datasets. See
@@ -147,7 +149,7 @@ class FederatedDataModule(LightningDataModule):
         eval_batch_size: int = 512,
         local_test_fraction: float = 0.2,
         val_fraction: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
         synthetic: SyntheticData | None = None,
     ) -> None:
         super().__init__()
@@ -164,6 +166,10 @@ class FederatedDataModule(LightningDataModule):
             raise ConfigError(f"data.batch_size={batch_size} must be >= 1")
         if num_clients < 1:
             raise ConfigError(f"data.num_clients={num_clients} must be >= 1")
+        if eval_batch_size < 1:
+            raise ConfigError(f"data.eval_batch_size={eval_batch_size} must be >= 1; e.g. 512")
+        if seed is not None:
+            check_number(seed, "data.seed", low=0, hint="e.g. 0 (null: seed_everything)")
         self.dataset = dataset
         self.root = root
         self.download = download
@@ -173,7 +179,7 @@ class FederatedDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.local_test_fraction = local_test_fraction
         self.val_fraction = val_fraction
-        self.seed = seed
+        self.seed = 0 if seed is None else seed
         self.synthetic = synthetic
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
@@ -298,6 +304,11 @@ class FederatedDataModule(LightningDataModule):
         return DataLoader(
             TensorDataset(self.splits.test_x, self.splits.test_y), batch_size=self.eval_batch_size
         )
+
+    def predict_dataloader(self) -> DataLoader:
+        """The inputs of the global test set, in order, without labels (``predict``)."""
+        assert self.splits is not None
+        return DataLoader(TensorDataset(self.splits.test_x), batch_size=self.eval_batch_size)
 
 
 def stratified_holdout(

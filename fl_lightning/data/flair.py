@@ -32,12 +32,14 @@ more users); the federation's clients are then sampled per round with ``model.cl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,14 +127,61 @@ def encode_labels(strings: Sequence[bytes | str], names: Sequence[str] = FLAIR_L
     return out
 
 
-def user_sizes(path: str | Path, split: str) -> list[tuple[str, int]]:
-    """``(user_id, number of images)`` of every user of ``split``, sorted by user id."""
+_REMAKE = "re-create it with recipes/fedcog/prepare_flair.py or apple/ml-flair's prepare_dataset.py"
+
+
+@contextlib.contextmanager
+def _open(path: str | Path, field: str = "data.root") -> Iterator[Any]:
+    """Open a FLAIR file for reading; a missing, truncated, non-HDF5 or unreadable file is a ConfigError."""
     h5py = _h5py()
-    with h5py.File(path, "r") as h5:
-        if split not in h5:
-            raise ConfigError(f"data.root: the FLAIR file {path} has no '{split}' split (found {sorted(h5)})")
-        group = h5[split]
-        return [(u, int(group[u]["images"].shape[0])) for u in sorted(group.keys())]
+    try:
+        with h5py.File(path, "r") as h5:
+            yield h5
+    except OSError as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{field}: cannot read the FLAIR file {path} as HDF5 ({msg}); {_REMAKE}") from None
+
+
+def _user_datasets(
+    h5: Any, path: str | Path, split: str, user: str, field: str = "data.root"
+) -> tuple[Any, Any]:
+    """The ``images`` and ``labels`` datasets of one user, checked against the release layout."""
+    h5py = _h5py()
+    where = f"{field}: the FLAIR file {path}: /{split}/{user}"
+    node = h5[split][user]
+    if not isinstance(node, h5py.Group):
+        raise ConfigError(f"{where} is not a group with 'images' and 'labels'; {_REMAKE}")
+    for name in ("images", "labels"):
+        if not isinstance(node.get(name), h5py.Dataset):
+            raise ConfigError(f"{where} has no '{name}' dataset; {_REMAKE}")
+    images, labels = node["images"], node["labels"]
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
+        raise ConfigError(
+            f"{where}/images is {images.dtype} {list(images.shape)}, expected uint8 [n, H, W, 3]; {_REMAKE}"
+        )
+    if labels.dtype.kind not in "SOU" or labels.shape != (images.shape[0],):
+        raise ConfigError(
+            f"{where}/labels is {labels.dtype} {list(labels.shape)}, expected {images.shape[0]} label "
+            f"strings (one per image); {_REMAKE}"
+        )
+    return images, labels
+
+
+def _split(h5: Any, path: str | Path, split: str, field: str = "data.root") -> Any:
+    if split not in h5:
+        raise ConfigError(f"{field}: the FLAIR file {path} has no '{split}' split (found {sorted(h5)})")
+    return h5[split]
+
+
+def user_sizes(path: str | Path, split: str, field: str = "data.root") -> list[tuple[str, int]]:
+    """``(user_id, number of images)`` of every user of ``split``, sorted by user id.
+
+    Raises:
+        ConfigError: If the file cannot be read or does not have the release layout (naming ``field``).
+    """
+    with _open(path, field) as h5:
+        group = _split(h5, path, split, field)
+        return [(u, int(_user_datasets(h5, path, split, u, field)[0].shape[0])) for u in sorted(group.keys())]
 
 
 @dataclass
@@ -153,17 +202,27 @@ class FlairPart:
 
 
 def read_split(path: str | Path, split: str, users: Sequence[str] | None = None) -> FlairPart:
-    """Read the images and coarse targets of ``users`` (default: all, sorted) of one split."""
-    h5py = _h5py()
-    with h5py.File(path, "r") as h5:
-        if split not in h5:
-            raise ConfigError(f"data.root: the FLAIR file {path} has no '{split}' split (found {sorted(h5)})")
-        group = h5[split]
+    """Read the images and coarse targets of ``users`` (default: all, sorted) of one split.
+
+    Raises:
+        ConfigError: If the file cannot be read, lacks the split, or a user's data does not have the
+            release layout (``images`` uint8 ``[n, H, W, 3]`` of one size, ``n`` label strings).
+    """
+    with _open(path) as h5:
+        group = _split(h5, path, split)
         users = sorted(group.keys()) if users is None else list(users)
         images, labels, owner = [], [], []
         for i, user in enumerate(users):
-            images.append(np.asarray(group[user]["images"][()], dtype=np.uint8))
-            labels.append(encode_labels(group[user]["labels"][()]))
+            if user not in group:
+                raise ConfigError(f"data.root: the FLAIR file {path} has no user '{user}' in '{split}'")
+            x, y = _user_datasets(h5, path, split, user)
+            if images and x.shape[1:] != images[0].shape[1:]:
+                raise ConfigError(
+                    f"data.root: the FLAIR file {path}: /{split}/{user}/images are {list(x.shape[1:])} but "
+                    f"earlier users' are {list(images[0].shape[1:])}; images must have one size; {_REMAKE}"
+                )
+            images.append(np.asarray(x[()], dtype=np.uint8))
+            labels.append(encode_labels(y[()]))
             owner.append(np.full(len(labels[-1]), i, dtype=np.int64))
     if not images:
         raise ConfigError(f"data.root: the '{split}' split of the FLAIR file {path} has no users")
@@ -236,7 +295,7 @@ class NaturalUsers(Partitioner):
         self.path = str(path)
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        sizes = [n for _, n in user_sizes(flair_file(self.path), "train")]
+        sizes = [n for _, n in user_sizes(flair_file(self.path), "train", "data.partition.path")]
         if sum(sizes) != len(labels):
             raise ConfigError(
                 f"data.partition.path='{self.path}' has {sum(sizes)} training images but the dataset has "
@@ -308,11 +367,11 @@ def prepare_flair_cache(
     subsampled to about ``max_test_images`` images (whole users, drawn at random); images are resized
     to ``image_size`` if given. Returns the numbers of users and images written per split.
     """
-    h5py = _h5py()
+    _h5py()  # a ConfigError before anything else if h5py is missing
     src = flair_file(src)
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, UserData]] = {"train": {}, "test": {}}
-    with h5py.File(src, "r") as h5:
+    with _open(src, "src") as h5:
         for split in ("train", "test"):
             if split not in h5:
                 raise ConfigError(f"src: the FLAIR file {src} has no '{split}' split")
@@ -335,9 +394,9 @@ def prepare_flair_cache(
                 picked.sort()
                 cap = None
             for user in picked:
-                g = h5[split][user]
-                images = np.asarray(g["images"][:cap], dtype=np.uint8)
-                strings = list(g["labels"][:cap])
+                x, y = _user_datasets(h5, src, split, user, "src")
+                images = np.asarray(x[:cap], dtype=np.uint8)
+                strings = list(y[:cap])
                 out[split][user] = (
                     images if image_size is None else resize_images(images, image_size),
                     strings,

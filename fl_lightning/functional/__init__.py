@@ -10,8 +10,6 @@ factorisation, AFM/ACT). Nothing here imports the rest of the package except ``e
 from __future__ import annotations
 
 from fl_lightning.functional.corrections import (
-    adam_direction,
-    adam_moments,
     add_grad_,
     add_grads_,
     fedcm_direction_,
@@ -112,8 +110,6 @@ __all__ = [
     "Generated",
     "accumulate",
     "act_tensor",
-    "adam_direction",
-    "adam_moments",
     "add_grad_",
     "add_grads_",
     "afm",

@@ -1,4 +1,4 @@
-"""Plain math of the drift-correcting strategies (SCAFFOLD, FedDyn, FedDC, FedCM, FedAdam).
+"""Plain math of the drift-correcting strategies (SCAFFOLD, FedDyn, FedDC, FedCM).
 
 Each rule comes twice: on one tensor (one parameter; ``feddyn_gradient``), and on a whole parameter
 group as aligned lists (``feddyn_gradients``), computed with multi-tensor ``torch._foreach_*`` ops
@@ -187,20 +187,3 @@ def fedcm_directions_(params: Tensors, momenta: Tensors, alpha: float) -> None:
         for p, m in zip(params, momenta):
             if p.grad is None:
                 p.grad = m.mul(1.0 - alpha)
-
-
-def adam_moments(delta: Tensor, m: Tensor, v: Tensor, betas: tuple[float, float]) -> tuple[Tensor, Tensor]:
-    """FedAdam's moments (Reddi et al., 2021, Alg. 2) in place; returns ``(m, v)``.
-
-    ``m <- b1 m + (1 - b1) Delta`` and ``v <- b2 v + (1 - b2) Delta^2`` with ``Delta`` the averaged
-    client update ``mean_k(w_k) - w`` (the negative pseudo-gradient); no bias correction.
-    """
-    b1, b2 = betas
-    m.mul_(b1).add_(delta, alpha=1.0 - b1)
-    v.mul_(b2).addcmul_(delta, delta, value=1.0 - b2)
-    return m, v
-
-
-def adam_direction(m: Tensor, v: Tensor, eps: float) -> Tensor:
-    """The FedAdam server step direction ``m / (sqrt(v) + tau)`` (Reddi et al., 2021, Alg. 2)."""
-    return m / (v.sqrt() + eps)

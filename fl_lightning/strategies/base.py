@@ -58,10 +58,9 @@ class Strategy(nn.Module):
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
-        if server_lr <= 0:
-            from fl_lightning.errors import ConfigError
+        from fl_lightning.errors import check_number
 
-            raise ConfigError(f"model.strategy.server_lr={server_lr} must be > 0; FedAvg uses 1.0")
+        check_number(server_lr, "model.strategy.server_lr", low=0, low_open=True, hint="FedAvg uses 1.0")
         self.server_lr = server_lr
         self.num_clients = 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.strategies.base import Strategy, register_strategy
 
 
@@ -34,8 +34,9 @@ class FedAvgM(Strategy):
 
     def __init__(self, server_lr: float = 1.0, momentum: float = 0.9) -> None:
         super().__init__(server_lr=server_lr)
-        if not 0.0 <= momentum < 1.0:
-            raise ConfigError(f"model.strategy.momentum={momentum} must be in [0, 1); Hsu et al. use 0.9")
+        check_number(
+            momentum, "model.strategy.momentum", low=0, high=1, high_open=True, hint="Hsu et al. use 0.9"
+        )
         self.momentum = momentum
 
     def configure_server_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:

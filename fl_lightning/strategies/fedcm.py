@@ -9,7 +9,7 @@ from torch import nn
 
 from fl_lightning.core.buffers import TensorBuffers
 from fl_lightning.core.types import ClientContext, RoundInfo
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import fedcm_directions_, trainable_parameters
 from fl_lightning.functional.tensor import Payload
 from fl_lightning.strategies.base import Strategy, register_strategy
@@ -52,10 +52,14 @@ class FedCM(Strategy):
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if not 0.0 < alpha <= 1.0:
-            raise ConfigError(
-                f"model.strategy.alpha={alpha} must be in (0, 1] (client-level momentum); the paper uses 0.1"
-            )
+        check_number(
+            alpha,
+            "model.strategy.alpha",
+            low=0,
+            high=1,
+            low_open=True,
+            hint="(client-level momentum); the paper uses 0.1",
+        )
         self.alpha = alpha
 
     def setup(self, model: nn.Module, num_clients: int) -> None:

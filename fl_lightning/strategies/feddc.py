@@ -9,7 +9,7 @@ from torch import nn
 
 from fl_lightning.core.buffers import TensorBuffers
 from fl_lightning.core.types import ClientContext, RoundInfo
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import (
     add_grads_,
     feddc_gradients,
@@ -53,7 +53,10 @@ class FedDC(Scaffold):
     uploaded ``theta_i``, so no drift is communicated), like FedDyn's ``h``. Clients are averaged
     uniformly as in that code (its per-client size weights are 1 on equal-size clients, and then
     dropped here). ``K eta`` uses the round's decayed learning rate (the code uses the initial
-    one). Two model-size vectors go each way per round, as in SCAFFOLD.
+    one). With local momentum, Adam or AdamW, ``c_i+`` is instead the mean over the ``K`` steps of
+    ``g + alpha (theta + h_i - w)``, which option II equals under plain SGD (see :class:`Scaffold`):
+    option II's closed form overestimates it by up to ``1/(1 - momentum)`` and the variates diverge.
+    Two model-size vectors go each way per round, as in SCAFFOLD.
 
     Args:
         alpha: Drift penalty coefficient ``alpha > 0``.
@@ -64,10 +67,9 @@ class FedDC(Scaffold):
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if alpha <= 0:
-            raise ConfigError(
-                f"model.strategy.alpha={alpha} must be > 0 (FedDC drift penalty); e.g. 0.01-0.1"
-            )
+        check_number(
+            alpha, "model.strategy.alpha", low=0, low_open=True, hint="(FedDC drift penalty); e.g. 0.01-0.1"
+        )
         self.alpha = alpha
 
     def setup(self, model: nn.Module, num_clients: int) -> None:
@@ -87,6 +89,7 @@ class FedDC(Scaffold):
         _, params, corrections = ctx.scratch[TERMS]
         anchors, drifts = ctx.scratch[_LISTS]
         add_grads_(params, feddc_gradients(params, anchors, drifts, corrections, self.alpha))
+        self.keep_step_gradients(optimizer, ctx)  # for c_i+ with optimizers other than plain SGD
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)  # c_i+ (option II) and Delta c_i

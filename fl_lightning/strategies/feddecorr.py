@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.representation import FeatureTap, decorrelation_loss, features_of
 from fl_lightning.functional.tensor import Payload
 from fl_lightning.strategies.base import Strategy, register_strategy
@@ -42,10 +42,7 @@ class FedDecorr(Strategy):
 
     def __init__(self, beta: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if beta < 0:
-            raise ConfigError(
-                f"model.strategy.beta={beta} must be >= 0 (decorrelation weight; the paper uses 0.1)"
-            )
+        check_number(beta, "model.strategy.beta", low=0, hint="(decorrelation weight; the paper uses 0.1)")
         self.beta = beta
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:

@@ -9,7 +9,7 @@ from torch import nn
 
 from fl_lightning.core.buffers import TensorBuffers
 from fl_lightning.core.types import ClientContext, RoundInfo
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import (
     add_grads_,
     feddyn_dual_updates,
@@ -66,10 +66,13 @@ class FedDyn(Strategy):
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if alpha <= 0:
-            raise ConfigError(
-                f"model.strategy.alpha={alpha} must be > 0 (FedDyn coefficient 1/beta); papers use 0.01-0.1"
-            )
+        check_number(
+            alpha,
+            "model.strategy.alpha",
+            low=0,
+            low_open=True,
+            hint="(FedDyn coefficient 1/beta); papers use 0.01-0.1",
+        )
         self.alpha = alpha
 
     def setup(self, model: nn.Module, num_clients: int) -> None:

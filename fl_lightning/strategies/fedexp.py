@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext, RoundInfo
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.tensor import Payload
 from fl_lightning.strategies.base import Strategy, register_strategy
 
@@ -59,8 +59,7 @@ class FedExP(Strategy):
 
     def __init__(self, eps: float = 1e-3, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if eps <= 0:
-            raise ConfigError(f"model.strategy.eps={eps} must be > 0 (the paper uses 1e-3)")
+        check_number(eps, "model.strategy.eps", low=0, low_open=True, hint="(the paper uses 1e-3)")
         self.eps = eps
 
     def setup(self, model: nn.Module, num_clients: int) -> None:

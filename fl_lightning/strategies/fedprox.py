@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.tensor import proximal_terms
 from fl_lightning.strategies.base import Strategy, register_strategy
@@ -35,10 +35,7 @@ class FedProx(Strategy):
 
     def __init__(self, mu: float = 0.01, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if mu < 0:
-            raise ConfigError(
-                f"model.strategy.mu={mu} must be >= 0 (proximal coefficient); the paper uses 0.001-1"
-            )
+        check_number(mu, "model.strategy.mu", low=0, hint="(proximal coefficient); the paper uses 0.001-1")
         self.mu = mu
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:

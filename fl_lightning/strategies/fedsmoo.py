@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from fl_lightning.core.buffers import TensorBuffers
 from fl_lightning.core.types import ClientContext, RoundInfo
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.sharpness import Grads, sam_offsets
 from fl_lightning.functional.tensor import Payload
@@ -82,10 +82,13 @@ class FedSMOO(SharpnessAware, FedDyn):
         clip_norm: float | None = 10.0,
         server_lr: float = 1.0,
     ) -> None:
-        if beta <= 0:
-            raise ConfigError(
-                f"model.strategy.beta={beta} must be > 0 (prox coefficient 1/beta); the paper uses 10"
-            )
+        check_number(
+            beta,
+            "model.strategy.beta",
+            low=0,
+            low_open=True,
+            hint="(prox coefficient 1/beta); the paper uses 10",
+        )
         if s_rule not in ("paper", "simulator"):
             raise ConfigError(f"model.strategy.s_rule={s_rule!r} must be 'paper' or 'simulator'")
         super().__init__(alpha=1.0 / beta, server_lr=server_lr)

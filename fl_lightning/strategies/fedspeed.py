@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.sharpness import Grads
 from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.feddyn import FedDyn
@@ -59,10 +59,10 @@ class FedSpeed(SharpnessAware, FedDyn):
         clip_norm: float | None = 10.0,
         server_lr: float = 1.0,
     ) -> None:
-        if beta <= 0:
-            raise ConfigError(f"model.strategy.beta={beta} must be > 0 (prox coefficient 1/beta); e.g. 10")
-        if not 0.0 <= sam_weight <= 1.0:
-            raise ConfigError(f"model.strategy.sam_weight={sam_weight} must be in [0, 1]; 1 is plain SAM")
+        check_number(
+            beta, "model.strategy.beta", low=0, low_open=True, hint="(prox coefficient 1/beta); e.g. 10"
+        )
+        check_number(sam_weight, "model.strategy.sam_weight", low=0, high=1, hint="1 is plain SAM")
         super().__init__(alpha=1.0 / beta, server_lr=server_lr)
         check_sam_args(rho, clip_norm)
         self.beta = beta

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch import nn
 
 from fl_lightning.functional.representation import head_names
 from fl_lightning.functional.tensor import shared_state
-from fl_lightning.strategies.base import Strategy, register_strategy
+from fl_lightning.strategies.base import register_strategy
+from fl_lightning.strategies.fedper import FedPer
 
 
 @register_strategy
-class LGFedAvg(Strategy):
+class LGFedAvg(FedPer):
     """LG-FedAvg, Liang et al., "Think Locally, Act Globally: Federated Learning with Local and Global
     Representations" (2020), Sec. 3 and Alg. 1.
 
-    The opposite split of FedPer: each client keeps a local representation ``l_k`` (the body, never
-    communicated) and all clients share the global layers ``g`` on top of it. A sampled client receives
+    The opposite split of FedPer (whose ``head`` handling it reuses): each client keeps a local
+    representation ``l_k`` (the body, never communicated) and all clients share the global layers ``g``
+    on top of it. A sampled client receives
     ``g^t`` and trains ``(l_k, g)`` jointly by local SGD; the server averages the global layers only:
 
     .. math:: (l_k, g_k) \\leftarrow (l_k, g_k) - \\eta \\nabla F_k(l_k, g_k),
@@ -37,16 +37,5 @@ class LGFedAvg(Strategy):
 
     name = "lg_fedavg"
 
-    def __init__(self, head: int | Sequence[str] = 1, server_lr: float = 1.0) -> None:
-        super().__init__(server_lr=server_lr)
-        self.head = head if isinstance(head, int) else list(head)
-
-    def setup(self, model: nn.Module, num_clients: int) -> None:
-        super().setup(model, num_clients)
-        self.personal_names(model)  # a bad ``head`` fails here, before any round
-
     def personal_names(self, model: nn.Module) -> set[str]:
         return set(shared_state(model)) - head_names(model, self.head)
-
-    def extra_repr(self) -> str:
-        return f"head={self.head}, server_lr={self.server_lr}"

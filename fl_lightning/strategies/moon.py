@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import check_number
 from fl_lightning.functional.representation import (
     FeatureTap,
     features_of,
@@ -56,10 +56,8 @@ class MOON(Strategy):
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if mu < 0:
-            raise ConfigError(f"model.strategy.mu={mu} must be >= 0 (contrastive weight; MOON uses 1 or 5)")
-        if temperature <= 0:
-            raise ConfigError(f"model.strategy.temperature={temperature} must be > 0 (MOON uses 0.5)")
+        check_number(mu, "model.strategy.mu", low=0, hint="(contrastive weight; MOON uses 1 or 5)")
+        check_number(temperature, "model.strategy.temperature", low=0, low_open=True, hint="(MOON uses 0.5)")
         self.mu = mu
         self.temperature = temperature
 

@@ -22,6 +22,14 @@ from fl_lightning.strategies.base import Strategy, register_strategy
 CONTROL = "control/"
 #: ``ctx.scratch`` key of the round's aligned lists ``(names, parameters, c - c_i)``.
 TERMS = "scaffold/terms"
+#: ``ctx.scratch`` keys of the raw-gradient running sum (optimizers other than plain SGD), its step
+#: count, and the current step's raw gradients (kept from before the step until after it).
+GRAD_SUM, GRAD_STEPS, _STEP_GRADS = "scaffold/grad_sum", "scaffold/grad_steps", "scaffold/step_grads"
+
+
+def plain_sgd(optimizer: torch.optim.Optimizer) -> bool:
+    """True for ``torch.optim.SGD`` without momentum: the model then moves by ``-lr`` times the gradient."""
+    return type(optimizer) is torch.optim.SGD and all(g["momentum"] == 0 for g in optimizer.param_groups)
 
 
 @register_strategy
@@ -46,8 +54,19 @@ class Scaffold(Strategy):
 
     Two model-size vectors go each way per round (spec P10: SCAFFOLD costs 2x FedAvg). With zero
     variates (round 0) the correction is an exact ``+ 0``, so the first round equals FedAvg bit for
-    bit. Option II assumes plain local SGD: with client momentum or Adam ``(x - y_i)/(K eta_l)`` is
-    only an estimate of the mean corrected gradient; the papers use SGD without momentum.
+    bit.
+
+    **Other local optimizers.** Option II is a closed form that holds for plain SGD only: there
+    ``x - y_i = eta_l sum_k (g_k + c - c_i)``, so ``c_i+ = (1/K) sum_k g_k``, the mean of the local
+    gradients along the trajectory (Sec. 4 of the paper: option II reuses the gradients already
+    computed, option I computes ``g_i(x)`` afresh). With heavy-ball momentum, Nesterov, Adam or AdamW
+    the model moves by the optimizer's buffers instead (with momentum 0.9 about ``1/(1 - 0.9) = 10``
+    times further once they fill up), so ``(x - y_i)/(K eta_l)`` overestimates the gradient, the
+    variates grow every round and training diverges. For those optimizers the mean is computed
+    directly: each step's gradient without the correction ``c - c_i`` (the strategy's own local
+    terms included, before clipping) is added to a running sum, and ``c_i+ = sum / K``, which
+    is what option II equals under plain SGD. Plain SGD (``momentum: 0``, any weight decay) keeps
+    option II exactly as written.
 
     Args:
         server_lr: Global learning rate ``eta_g`` on the pseudo-gradient.
@@ -79,15 +98,41 @@ class Scaffold(Strategy):
     ) -> None:
         _, params, corrections = ctx.scratch[TERMS]
         add_grads_(params, corrections)
+        self.keep_step_gradients(optimizer, ctx)
+
+    def keep_step_gradients(self, optimizer: torch.optim.Optimizer, ctx: ClientContext) -> None:
+        """Unless the optimizer is plain SGD, keep this step's gradient minus ``c - c_i`` (called after
+        the corrections were added; the last call before a step wins, as for a SAM-type step)."""
+        if not plain_sgd(optimizer):
+            _, params, corrections = ctx.scratch[TERMS]
+            ctx.scratch[_STEP_GRADS] = torch._foreach_sub([p.grad for p in params], corrections)
+
+    def on_after_optimizer_step(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
+    ) -> None:
+        super().on_after_optimizer_step(module, optimizer, ctx)
+        grads = ctx.scratch.pop(_STEP_GRADS, None)
+        if grads is None:
+            return
+        total = ctx.scratch.get(GRAD_SUM)
+        if total is None:
+            ctx.scratch[GRAD_SUM] = grads
+        else:
+            torch._foreach_add_(total, grads)
+        ctx.scratch[GRAD_STEPS] = ctx.scratch.get(GRAD_STEPS, 0) + 1
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         payload = super().upload(module, ctx)
         c, x = ctx.message["control"], ctx.message["weights"]
+        total = ctx.scratch.get(GRAD_SUM)
         delta = {}
         names, params, _ = ctx.scratch[TERMS]
-        for name, p in zip(names, params):
+        for i, (name, p) in enumerate(zip(names, params)):
             old = ctx.state.get(CONTROL + name)
-            new = scaffold_control_update(old, c[name], x[name], p.detach(), ctx.num_steps, ctx.lr)
+            if total is None:  # plain SGD: option II
+                new = scaffold_control_update(old, c[name], x[name], p.detach(), ctx.num_steps, ctx.lr)
+            else:  # the mean of the raw gradients, which option II equals under plain SGD
+                new = total[i] / ctx.scratch[GRAD_STEPS]
             delta[name] = new if old is None else new - old
             ctx.state[CONTROL + name] = new
         return {**payload, "control": delta}

@@ -129,7 +129,7 @@ def run_setup(args: argparse.Namespace, setup: str) -> str:
         without, with_ = [], []
         for seed in args.seeds:
             out = args.out / setup / base if args.seeds == [0] else args.out / setup / f"seed{seed}" / base
-            seeded = [f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}"]
+            seeded = [f"--seed_everything={seed}"]  # also model.seed (linked) and data.seed (null)
             start = f"--model.strategy.init_args.start_round={warm}"
             warm_dir = fit(args, setup, base, out / "warmup", f"--trainer.max_steps={warm}", start, *seeded)
             ckpt = str(warm_dir / "checkpoints" / "last.ckpt")

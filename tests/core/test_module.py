@@ -232,10 +232,10 @@ def test_model_and_data_mismatches_are_one_line_config_errors(fit):
     from fl_lightning.core.module import FederatedModule
     from fl_lightning.models import SmallCNN
 
-    wrong_classes = FederatedModule(client=ClientModule(SmallCNN(num_classes=7)))
+    wrong_classes = FederatedModule(client=ClientModule(SmallCNN(num_classes=7), lr=0.05, momentum=0.0))
     with pytest.raises(ConfigError, match="num_classes=10"):
         fit(wrong_classes)
-    wrong_channels = FederatedModule(client=ClientModule(SmallCNN(in_channels=3)))
+    wrong_channels = FederatedModule(client=ClientModule(SmallCNN(in_channels=3), lr=0.05, momentum=0.0))
     with pytest.raises(ConfigError, match="model.client.net cannot take"):
         fit(wrong_channels)
     with pytest.raises(ConfigError, match="data.num_clients=5000"):
@@ -330,3 +330,25 @@ def test_task_metrics_are_submodules_that_follow_the_module(fit):
     assert children["client_metrics"] is module.client_metrics
     module.to("meta")
     assert module.global_metrics.device.type == "meta" and module.client_metrics.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"gradient_clip_val": 1.0}, "trainer.gradient_clip_val=1.0 .* set model.grad_clip_norm"),
+        (
+            {"gradient_clip_algorithm": "value"},
+            "trainer.gradient_clip_algorithm='value' .* model.grad_clip_norm",
+        ),
+        ({"accumulate_grad_batches": 2}, "trainer.accumulate_grad_batches=2 .* set model.local_steps"),
+        ({"max_epochs": 5}, "trainer.max_epochs=5: one epoch holds all rounds; set trainer.max_steps"),
+    ],
+)
+def test_trainer_options_rounds_cannot_honour_name_the_federated_equivalent(fit, option, message):
+    with pytest.raises(ConfigError, match=message):
+        fit(make_module(), **option)
+
+
+def test_trainer_options_that_fit_rounds_are_accepted(fit):
+    trainer = fit(make_module(), rounds=1, max_epochs=1, gradient_clip_val=0.0)
+    assert trainer.global_step == 1

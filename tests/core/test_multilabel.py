@@ -24,7 +24,9 @@ def test_multilabel_federation_logs_macro_and_micro_metrics(fit):
     register_dataset("_multilabel_test")(_synthetic)
     try:
         torch.manual_seed(0)
-        client = ClientModule(SmallCNN(1, LABELS, width=4, hidden=16), task="multilabel", lr=0.5)
+        client = ClientModule(
+            SmallCNN(1, LABELS, width=4, hidden=16), task="multilabel", lr=0.5, momentum=0.0
+        )
         module = FederatedModule(client, local_steps=3)
         trainer = fit(module, data=make_data(dataset="_multilabel_test"), rounds=3)
     finally:

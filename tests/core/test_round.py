@@ -1,13 +1,20 @@
+import copy
 import math
 import shutil
 
 import pytest
 import torch
+from torch import nn
 
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.core.aggregation import Aggregator
-from fl_lightning.core.round import num_sampled, sample_clients
-from fl_lightning.errors import ConfigError
-from fl_lightning.strategies import FedAvg
+from fl_lightning.core.client import ClientModule, merge_train_states
+from fl_lightning.core.local import LocalConfig
+from fl_lightning.core.round import FederatedLoop, num_sampled, sample_clients
+from fl_lightning.core.state import ClientStateStore
+from fl_lightning.data.federated import ClientData
+from fl_lightning.errors import ConfigError, RunError
+from fl_lightning.strategies import FedAvg, FedAvgM
 
 from conftest import global_weights, make_data, make_module
 
@@ -32,21 +39,24 @@ def test_number_of_sampled_clients():
 
 def test_participation_outside_unit_interval_is_rejected():
     for bad in (0.0, 1.5, -0.1):
-        with pytest.raises(ConfigError, match=r"model.participation=.* is outside \(0, 1\]"):
+        with pytest.raises(ConfigError, match=r"model.participation=.* must be in \(0, 1\]"):
             make_module(participation=bad)
 
 
 class Recorder(FedAvg):
     """FedAvg that records what the loop gives each client."""
 
-    def __init__(self, fail: set[int] = frozenset(), nan: set[int] = frozenset()) -> None:
+    def __init__(
+        self, fail: set[int] = frozenset(), nan: set[int] = frozenset(), fail_rounds: set[int] | None = None
+    ) -> None:
         super().__init__()
         self.seen: list[tuple[int, int, float, int]] = []
         self.steps: dict[tuple[int, int], int] = {}
         self.fail, self.nan = set(fail), set(nan)
+        self.fail_rounds = fail_rounds  # None: every round
 
     def on_client_start(self, module, ctx):
-        if ctx.client_id in self.fail:
+        if ctx.client_id in self.fail and (self.fail_rounds is None or ctx.round in self.fail_rounds):
             raise RuntimeError("deliberate failure")
 
     def on_after_optimizer_step(self, module, optimizer, ctx):
@@ -87,9 +97,63 @@ def test_failing_and_non_finite_clients_are_excluded(fit, caplog):
     assert "excluded from the aggregate" in caplog.text
 
 
-def test_a_round_where_every_client_fails_stops_the_run(fit):
-    with pytest.raises(RuntimeError, match="every sampled client failed"):
-        fit(make_module(Recorder(fail={0, 1, 2, 3})), rounds=1)
+class WeightsAtRoundEnd(FederatedCallback):
+    def __init__(self) -> None:
+        self.weights: list[dict[str, torch.Tensor]] = []
+
+    def on_round_end(self, trainer, pl_module, round, record):
+        self.weights.append(global_weights(pl_module))
+
+
+def test_a_round_where_every_client_fails_is_skipped(fit, caplog):
+    module = make_module(Recorder(fail={0, 1, 2, 3}, fail_rounds={0}), clients_per_round=1)
+    before = global_weights(module)
+    seen = WeightsAtRoundEnd()
+    trainer = fit(module, rounds=2, callbacks=[seen])
+    assert trainer.global_step == 2
+    assert [(r["round"], r["skipped"], r["failed"]) for r in module.history] == [(0, True, 1), (1, False, 0)]
+    assert all(torch.equal(seen.weights[0][k], v) for k, v in before.items())
+    assert not all(torch.equal(seen.weights[1][k], v) for k, v in before.items())
+    assert "round 0 skipped: every sampled client failed (client" in caplog.text
+    assert "RuntimeError: deliberate failure" in caplog.text
+
+
+class FailingAvgM(FedAvgM):
+    def __init__(self, fail_rounds: set[int]) -> None:
+        super().__init__(momentum=0.9)
+        self.fail_rounds = fail_rounds
+
+    def on_client_start(self, module, ctx):
+        if ctx.round in self.fail_rounds:
+            raise RuntimeError("deliberate failure")
+
+
+def test_a_skipped_round_leaves_server_momentum_and_weights_alone(fit):
+    module = make_module(FailingAvgM(fail_rounds={1}))
+    seen = WeightsAtRoundEnd()
+    trainer = fit(module, rounds=3, callbacks=[seen])
+    assert trainer.global_step == 3
+    assert [r["skipped"] for r in module.history] == [False, True, False]
+    assert all(torch.equal(seen.weights[1][k], v) for k, v in seen.weights[0].items())
+    state = trainer.optimizers[0].state
+    assert all(s["momentum_buffer"] is not None for s in state.values())
+
+
+def test_consecutive_failed_rounds_stop_the_run_with_one_line(fit):
+    module = make_module(Recorder(fail={0, 1, 2, 3}), max_failed_rounds=2)
+    with pytest.raises(RunError) as info:
+        fit(module, rounds=5)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith("round 1: every sampled client failed for 2 consecutive rounds")
+    assert "(last error: client 0: RuntimeError: deliberate failure)" in msg
+    assert "model.max_failed_rounds=2" in msg
+    assert len(module.history) == 1
+
+
+def test_failures_stop_the_run_at_once_when_not_tolerated(fit):
+    with pytest.raises(RuntimeError, match="deliberate failure"):
+        fit(make_module(Recorder(fail={0}), tolerate_client_failures=False), rounds=1)
 
 
 def test_aggregator_weights_by_samples_or_uniformly():
@@ -128,3 +192,61 @@ def test_compiled_local_steps_match_eager(fit):
     a, b = global_weights(eager), global_weights(compiled)
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)
     assert any(not torch.equal(a[k], global_weights(make_module(FedAvg()))[k]) for k in a)  # it trained
+
+
+class RecordingClient(ClientModule):
+    """A ClientModule that records every step's task loss, batch size and number of correct samples."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[tuple[float, int, int]] = []
+
+    def _track_train(self, outputs, target, loss) -> None:
+        correct = int((outputs.argmax(dim=1) == target).sum())
+        self.steps.append((float(loss), target.shape[0], correct))
+        super()._track_train(outputs, target, loss)
+
+
+def test_round_train_metrics_pool_the_samples_of_all_clients():
+    """train/loss and train/acc are means over every sample trained on (client states merged).
+
+    Two clients of 10 and 40 samples each take 3 steps of batch 8: client 0 sees 8 + 2 + 8 samples
+    (a smaller last batch of its first pass), client 1 sees 24. The pooled mean weights the clients
+    by those counts, not by their sizes as a mean of per-client means weighted by size would.
+    """
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    clients = [
+        ClientData(0, x, y, torch.arange(10), torch.empty(0, dtype=torch.long)),
+        ClientData(1, x, y, torch.arange(10, 50), torch.empty(0, dtype=torch.long)),
+    ]
+    worker = RecordingClient(nn.Linear(4, 3), lr=0.1)
+    model = copy.deepcopy(worker)
+    loop = FederatedLoop(LocalConfig(batch_size=8, local_steps=3))
+    res = loop.run_round(0, model, worker, FedAvg(), clients, ClientStateStore(), sampled=[0, 1])
+
+    per_client = {0: worker.steps[:3], 1: worker.steps[3:]}
+    seen = {c: sum(n for _, n, _ in s) for c, s in per_client.items()}
+    assert seen == {0: 18, 1: 24}
+    for c, steps in per_client.items():
+        assert res.client_metrics[c]["train_loss"] == pytest.approx(sum(v * n for v, n, _ in steps) / seen[c])
+        assert res.client_metrics[c]["train_acc"] == pytest.approx(sum(k for _, _, k in steps) / seen[c])
+    pooled_loss = sum(v * n for v, n, _ in worker.steps) / 42
+    pooled_acc = sum(k for _, _, k in worker.steps) / 42
+    assert res.train_metrics["train_loss"] == pytest.approx(pooled_loss, rel=1e-6)
+    assert res.train_metrics["train_acc"] == pytest.approx(pooled_acc, rel=1e-6)
+    # the former mean of per-client means weighted by client size (10, 40) is a different number
+    by_size = sum(res.client_metrics[c]["train_loss"] * n for c, n in ((0, 10), (1, 40))) / 50
+    assert by_size != pytest.approx(pooled_loss, rel=1e-4)
+
+
+def test_train_metrics_merge_states_in_client_order():
+    a, b = ClientModule(nn.Linear(2, 2)), ClientModule(nn.Linear(2, 2))
+    assert a.train_state() == {} and merge_train_states([a.train_state()]) == {}
+    a._track_train(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]), torch.tensor(2.0))
+    b._track_train(torch.tensor([[1.0, 0.0]]), torch.tensor([0]), torch.tensor(5.0))
+    merged = merge_train_states([a.train_state(), b.train_state()])
+    assert merged == pytest.approx({"train_loss": (2.0 * 2 + 5.0) / 3, "train_acc": 2 / 3})
+    assert a.train_stats() == pytest.approx({"train_loss": 2.0, "train_acc": 0.5})
+    a.reset_train_stats()
+    assert a.train_state() == {}

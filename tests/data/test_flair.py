@@ -94,6 +94,77 @@ def test_missing_file_and_missing_h5py_are_config_errors(tmp_path, monkeypatch):
         load_dataset("flair", path)
 
 
+def _break(path, how):
+    """Damage a release-format file the way a bad conversion or copy would."""
+    if how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+        return
+    if how == "not_hdf5":
+        path.write_bytes(b"not an HDF5 file at all\n" * 100)
+        return
+    with h5py.File(path, "a") as h5:
+        if how == "no_images":
+            del h5["/train/u1/images"]
+        elif how == "no_labels":
+            del h5["/train/u1/labels"]
+        elif how == "float_images":
+            del h5["/train/u1/images"]
+            h5["/train/u1/images"] = np.zeros((3, 8, 8, 3), dtype=np.float32)
+        elif how == "gray_images":
+            del h5["/train/u1/images"]
+            h5["/train/u1/images"] = np.zeros((3, 8, 8), dtype=np.uint8)
+        elif how == "label_count":
+            del h5["/train/u1/labels"]
+            h5["/train/u1/labels"] = np.asarray(["animal"], dtype="S")
+        elif how == "numeric_labels":
+            del h5["/train/u1/labels"]
+            h5["/train/u1/labels"] = np.zeros(3, dtype=np.int64)
+        elif how == "user_is_dataset":
+            del h5["/train/u1"]
+            h5["/train/u1"] = np.zeros(3)
+        elif how == "image_size":
+            del h5["/train/u1/images"]
+            h5["/train/u1/images"] = np.zeros((3, 4, 4, 3), dtype=np.uint8)
+        elif how == "no_test_split":
+            del h5["/test"]
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("truncated", "cannot read the FLAIR file .* as HDF5"),
+        ("not_hdf5", "cannot read the FLAIR file .* as HDF5"),
+        ("no_images", "/train/u1 has no 'images' dataset"),
+        ("no_labels", "/train/u1 has no 'labels' dataset"),
+        ("float_images", r"/train/u1/images is float32 \[3, 8, 8, 3\], expected uint8 \[n, H, W, 3\]"),
+        ("gray_images", r"/train/u1/images is uint8 \[3, 8, 8\], expected uint8 \[n, H, W, 3\]"),
+        ("label_count", r"/train/u1/labels is \|S6 \[1\], expected 3 label strings"),
+        ("numeric_labels", r"/train/u1/labels is int64 \[3\], expected 3 label strings"),
+        ("user_is_dataset", "/train/u1 is not a group"),
+        ("image_size", r"/train/u1/images are \[4, 4, 3\] but earlier users' are \[8, 8, 3\]"),
+        ("no_test_split", "has no 'test' split"),
+    ],
+)
+def test_a_malformed_file_is_a_one_line_config_error_naming_it(tmp_path, how, says):
+    path = write_release_file(tmp_path / "flair.hdf5")
+    _break(path, how)
+    with pytest.raises(ConfigError, match=says) as info:
+        load_dataset("flair", path)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("data.root: ") and str(path) in msg
+
+
+@pytest.mark.parametrize("how", ["not_hdf5", "no_images"])
+def test_a_malformed_file_is_a_config_error_for_natural_users_and_the_cache(tmp_path, how):
+    path = write_release_file(tmp_path / "flair.hdf5")
+    _break(path, how)
+    with pytest.raises(ConfigError, match=f"^data.partition.path: .*{path}"):
+        NaturalUsers(str(path))(np.zeros(9), 3, np.random.default_rng(0))
+    with pytest.raises(ConfigError, match=f"^src: .*{path}"):
+        prepare_flair_cache(path, tmp_path / "out.hdf5", num_users=2)
+
+
 def test_natural_users_gives_one_client_per_user(tmp_path):
     path = write_release_file(tmp_path / "flair.hdf5")
     labels = np.zeros(9, dtype=np.int64)
@@ -142,7 +213,7 @@ def test_flair_format_federation_trains_with_multilabel_metrics_in_tensorboard(t
         "flair", str(path), num_clients=6, partition=NaturalUsers(str(path)), batch_size=16
     )
     torch.manual_seed(0)
-    client = ClientModule(SmallCNN(3, 17, width=4, hidden=16), task="multilabel", lr=0.5)
+    client = ClientModule(SmallCNN(3, 17, width=4, hidden=16), task="multilabel", lr=0.5, momentum=0.0)
     strategy = FedCOG(FedAvg(), start_round=1, num_generated=16, gen_steps=2, weighting="balanced")
     module = FederatedModule(client, strategy, clients_per_round=3, local_steps=3)
     logger = TensorBoardLogger(str(tmp_path), name="tb")

@@ -9,7 +9,7 @@ from fl_lightning.models import Decomposed, LeNet, SmallCNN, TorchvisionResNet18
 
 
 def test_the_default_head_is_the_last_linear_layer_of_each_model():
-    lenet = ClientModule(LeNet(), lr=0.1)
+    lenet = ClientModule(LeNet(), lr=0.1, momentum=0.0)
     assert linear_layer_names(lenet) == ["net.classifier.0", "net.classifier.2", "net.classifier.5"]
     assert head_names(lenet) == {"net.classifier.5.weight", "net.classifier.5.bias"}
     assert head_names(lenet, 2) == {f"net.classifier.{i}.{p}" for i in (2, 5) for p in ("weight", "bias")}

@@ -162,7 +162,7 @@ def test_decomposed_lenet_parameter_counts():
 
 def _decomposed_module(strategy=None, **kw):
     torch.manual_seed(0)
-    client = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=9), lr=0.1)
+    client = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=9), lr=0.1, momentum=0.0)
     kw.setdefault("local_steps", 2)
     return FederatedModule(client=client, strategy=strategy or FedAvg(), **kw)
 

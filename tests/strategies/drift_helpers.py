@@ -29,7 +29,7 @@ def least_squares_module(dim: int, lr: float, w0: Tensor | None = None) -> Least
     net = nn.Linear(dim, 1, bias=False, dtype=torch.float64)
     with torch.no_grad():
         net.weight.copy_(torch.zeros(1, dim) if w0 is None else w0.reshape(1, dim))
-    return LeastSquares(net, lr=lr)
+    return LeastSquares(net, lr=lr, momentum=0.0)
 
 
 def single_client(x: Tensor, y: Tensor, client_id: int = 0) -> ClientData:
@@ -99,11 +99,14 @@ def run_rounds(
     return model, store
 
 
-def assert_resume_is_identical(tmp_path, make, client_state: bool = True) -> None:
+def assert_resume_is_identical(
+    tmp_path, make, client_state: bool = True, strategy_state: bool = True
+) -> None:
     """A run resumed from a mid-run checkpoint ends bit-identical to the uninterrupted run.
 
     ``make()`` builds a fresh FederatedModule; compares the global model, the strategy's buffers
-    (server state) and every client's state in the store (which must be non-empty if ``client_state``).
+    (server state; non-empty if ``strategy_state``), the server optimizer's state and every client's
+    state in the store (which must be non-empty if ``client_state``).
     """
     ckpt_dir = tmp_path / "ckpts"
     full = make()
@@ -118,8 +121,15 @@ def assert_resume_is_identical(tmp_path, make, client_state: bool = True) -> Non
     a, b = global_weights(full), global_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     sa, sb = full.strategy.state_dict(), resumed.strategy.state_dict()
-    assert sa.keys() == sb.keys() and len(sa) > 0
+    assert sa.keys() == sb.keys() and (len(sa) > 0) == strategy_state
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    oa, ob = (m.trainer.optimizers[0].state_dict() for m in (full, resumed))
+    assert oa["param_groups"] == ob["param_groups"] and oa["state"].keys() == ob["state"].keys()
+    for i, state in oa["state"].items():
+        assert state.keys() == ob["state"][i].keys()
+        for k, v in state.items():
+            w = ob["state"][i][k]
+            assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w
     states_a, states_b = full.store.state_dict(), resumed.store.state_dict()
     assert states_a.keys() == states_b.keys() and (len(states_a) > 0) == client_state
     for cid, state in states_a.items():

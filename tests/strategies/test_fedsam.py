@@ -42,7 +42,9 @@ def test_fedsam_clipping_equals_the_loops_clipping_with_weight_decay(fit):
 
 class Recording(ClientModule):
     def __init__(self):
-        super().__init__(MLP(in_features=64, num_classes=10, hidden=[8]), lr=0.2, weight_decay=0.01)
+        super().__init__(
+            MLP(in_features=64, num_classes=10, hidden=[8]), lr=0.2, momentum=0.0, weight_decay=0.01
+        )
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def training_step(self, batch, batch_idx):

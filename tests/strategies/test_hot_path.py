@@ -84,7 +84,7 @@ def _calls_per_run(make: Callable[[], Strategy], depth: int) -> Counter[str]:
     weights, FedSMOO's zero ``mu``, the optimizer's momentum), which scales with the model by design.
     """
     torch.manual_seed(0)
-    model = Client(MLP(in_features=64, num_classes=10, hidden=(8,) * depth), lr=0.05)
+    model = Client(MLP(in_features=64, num_classes=10, hidden=(8,) * depth), lr=0.05, momentum=0.0)
     worker = copy.deepcopy(model)
     counter = CountCalls()
     worker.counter = counter

@@ -20,7 +20,7 @@ from conftest import global_weights
 
 def dense_client(lr=0.05):
     torch.manual_seed(0)
-    return ClientModule(DNN(in_features=64, hidden=12), lr=lr)
+    return ClientModule(DNN(in_features=64, hidden=12), lr=lr, momentum=0.0)
 
 
 def test_local_update_is_w_minus_eta_lambda_w_minus_theta():

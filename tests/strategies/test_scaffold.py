@@ -55,6 +55,24 @@ def test_option_two_control_variates_by_hand():
     torch.testing.assert_close(res.upload["control"][W], torch.tensor([[-2.115]], **f64))
 
 
+def test_with_momentum_the_variate_is_the_mean_local_gradient_by_hand():
+    # As above with heavy-ball momentum 0.9 (buffers b): option II's (x - y)/(K lr) would be 0.476/0.2 = 2.38,
+    # not the mean corrected gradient 1.615; the variate is the mean raw gradient (-2 - 1.83)/2 = -1.915.
+    strategy = Scaffold()
+    worker = least_squares_module(1, lr=0.1)
+    worker.momentum = 0.9
+    strategy.setup(worker, 4)
+    f64 = {"dtype": torch.float64}
+    data = single_client(torch.ones(1, 1, **f64), torch.tensor([3.0], **f64))
+    message = {"weights": {W: torch.tensor([[1.0]], **f64)}, "control": {W: torch.tensor([[0.5]], **f64)}}
+    state = {"control/" + W: torch.tensor([[0.2]], **f64)}
+    res = train_client(worker, strategy, message, state, data, 0, LocalConfig(batch_size=1, local_steps=2))
+    # b1 = -2 + 0.3 = -1.7, y1 = 1.17;  b2 = 0.9 b1 + (-1.83 + 0.3) = -3.06, y2 = 1.17 + 0.306 = 1.476
+    torch.testing.assert_close(res.upload["weights"][W], torch.tensor([[1.476]], **f64))
+    torch.testing.assert_close(res.state["control/" + W], torch.tensor([[-1.915]], **f64))
+    torch.testing.assert_close(res.upload["control"][W], torch.tensor([[-2.115]], **f64))
+
+
 def test_server_control_update_by_hand():
     # N = 4 clients, 2 aggregated with Delta c = 1 and 3 (uniform mean 2): c <- c + 2/4 * 2 = c + 1
     strategy = Scaffold()

@@ -28,7 +28,9 @@ from conftest import global_weights
 
 def cp_client(optimizer="adam", lr=1e-2, hidden=12, in_features=64, ratio=2.0):
     torch.manual_seed(0)
-    return ClientModule(DNN(in_features=in_features, hidden=hidden, ratio=ratio), optimizer=optimizer, lr=lr)
+    return ClientModule(
+        DNN(in_features=in_features, hidden=hidden, ratio=ratio), optimizer=optimizer, lr=lr, momentum=0.0
+    )
 
 
 def batches(n, seed=0):

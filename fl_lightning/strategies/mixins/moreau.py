@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.moreau import personal_steps, squared_distance
 from fl_lightning.functional.tensor import Payload
 from fl_lightning.models.cp import DenseView, clear_dense_weights, dense_weights, set_dense_weights
@@ -92,17 +92,13 @@ class MoreauEnvelope(Strategy):
         personal_momentum: float = 0.0,
         beta: float = 1.0,
     ) -> None:
-        if beta <= 0:
-            raise ConfigError(f"model.strategy.beta={beta} must be > 0 (1.0: plain averaging)")
+        check_number(beta, "model.strategy.beta", low=0, low_open=True, hint="(1.0: plain averaging)")
         super().__init__(server_lr=beta)
-        if lam < 0:
-            raise ConfigError(f"model.strategy.lam={lam} must be >= 0 (the papers use 12-15)")
-        if personal_lr <= 0:
-            raise ConfigError(f"model.strategy.personal_lr={personal_lr} must be > 0")
+        check_number(lam, "model.strategy.lam", low=0, hint="(the papers use 12-15)")
+        check_number(personal_lr, "model.strategy.personal_lr", low=0, low_open=True)
         if personal_steps < 1:
             raise ConfigError(f"model.strategy.personal_steps={personal_steps} must be >= 1 (papers: 5)")
-        if not 0.0 <= personal_momentum < 1.0:
-            raise ConfigError(f"model.strategy.personal_momentum={personal_momentum} must be in [0, 1)")
+        check_number(personal_momentum, "model.strategy.personal_momentum", low=0, high=1, high_open=True)
         self.lam = lam
         self.beta = beta
         self.personal_lr = personal_lr

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sharpness import Grads, clip_grads_, missing, perturb, restore, sam_offsets
 
 #: ``ctx.scratch`` key that is True while a SAM pass runs the closure (the base's terms are off).
@@ -31,25 +31,28 @@ SAM_SAVED = "sam/saved"
 
 def check_sam_args(rho: float, clip_norm: float | None, rho_field: str = "rho") -> None:
     """Raise :class:`ConfigError` for a negative radius or a non-positive clipping norm."""
-    if rho < 0:
-        raise ConfigError(
-            f"model.strategy.{rho_field}={rho} must be >= 0 (SAM radius); the paper uses 0.01-0.1"
-        )
-    if clip_norm is not None and clip_norm <= 0:
-        raise ConfigError(
-            f"model.strategy.clip_norm={clip_norm} must be > 0 (or null: no clipping); the reference uses 10"
+    check_number(rho, f"model.strategy.{rho_field}", low=0, hint="(SAM radius); the paper uses 0.01-0.1")
+    if clip_norm is not None:
+        check_number(
+            clip_norm,
+            "model.strategy.clip_norm",
+            low=0,
+            low_open=True,
+            hint="(or null: no clipping); the reference uses 10",
         )
 
 
 @contextlib.contextmanager
 def _frozen_train_stats(module: nn.Module) -> Iterator[None]:
     """Keep the client's running train statistics unchanged (they report the loss at ``w``, not ``w+e``)."""
-    sums = getattr(module, "_train_sums", None)
+    paused = getattr(module, "_train_paused", None)
+    if paused is not None:
+        module._train_paused = True
     try:
         yield
     finally:
-        if hasattr(module, "_train_sums"):
-            module._train_sums = sums
+        if paused is not None:
+            module._train_paused = paused
 
 
 class SharpnessAware:

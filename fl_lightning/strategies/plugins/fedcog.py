@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.distillation import (
     complementary_counts,
     generate,
@@ -131,6 +131,9 @@ class FedCOG(StrategyWrapper):
         for field_name, value, ok, allowed in checks:
             if not ok:
                 raise ConfigError(f"model.strategy.{field_name}={value!r} must be {allowed}")
+        for field_name, value in (("gen_lr", gen_lr), ("lambda_dis", lambda_dis), ("lambda_kd", lambda_kd)):
+            check_number(value, f"model.strategy.{field_name}", low=0, low_open=field_name == "gen_lr")
+        check_number(temperature, "model.strategy.temperature", low=0, low_open=True, hint="(paper: 1)")
         self.start_round = start_round
         self.num_generated = num_generated
         self.gen_steps = gen_steps

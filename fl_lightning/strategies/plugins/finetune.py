@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.data.federated import ClientData
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import derive_seed, module_device, to_device
 from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
@@ -42,8 +42,9 @@ class FineTune(StrategyWrapper):
         super().__init__(FedAvg() if base is None else base)
         if epochs < 0:
             raise ConfigError(f"model.strategy.epochs={epochs} must be >= 0 (the paper fine-tunes for 10)")
-        if lr is not None and lr <= 0:
-            raise ConfigError(f"model.strategy.lr={lr} must be > 0 (or null for the client's lr)")
+        if lr is not None:
+            check_number(lr, "model.strategy.lr", low=0, low_open=True, hint="(or null for the client's lr)")
+        check_number(seed, "model.strategy.seed", low=0, hint="e.g. 0")
         self.epochs = epochs
         self.lr = lr
         self.seed = seed

@@ -106,7 +106,7 @@ class Recording(ClientModule):
     """Records every training batch (to check that both SAM passes see the same one)."""
 
     def __init__(self, **kw):
-        super().__init__(MLP(in_features=64, num_classes=10, hidden=[8]), lr=0.1, **kw)
+        super().__init__(MLP(in_features=64, num_classes=10, hidden=[8]), lr=0.1, **{"momentum": 0.0, **kw})
         self.batches: list[torch.Tensor] = []
 
     def training_step(self, batch, batch_idx):

@@ -37,7 +37,7 @@ class Recorder(FederatedCallback):
 def _module(strategy, **kw):
     torch.manual_seed(0)
     kw.setdefault("local_steps", 1)
-    client = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=4), lr=0.1)
+    client = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=4), lr=0.1, momentum=0.0)
     return FederatedModule(client=client, strategy=strategy, **kw)
 
 

@@ -149,7 +149,7 @@ def test_generation_leaves_parameters_buffers_modes_and_grads_of_a_bn_model_unto
     )
     strategy = FedCOG(FedAvg(), num_generated=16, gen_steps=3)
     module = make_module(strategy)
-    module.client = ClientModule(net, lr=0.1)
+    module.client = ClientModule(net, lr=0.1, momentum=0.0)
     worker, ctx, data = _client(module, strategy)
     worker.train()
     worker(data.x[data.train_idx[:8]])  # non-default BN statistics

@@ -44,7 +44,9 @@ def _module(strategy, dropout: bool = False, **kw):
         else SmallCNN(width=4, hidden=16)
     )
     kw.setdefault("local_steps", 2)
-    return FederatedModule(client=ClientModule(Decomposed(net, num_atoms=4), lr=0.1), strategy=strategy, **kw)
+    return FederatedModule(
+        client=ClientModule(Decomposed(net, num_atoms=4), lr=0.1, momentum=0.0), strategy=strategy, **kw
+    )
 
 
 def test_local_atoms_never_appear_in_an_upload(fit):
@@ -74,8 +76,8 @@ def test_global_training_is_bit_identical_to_the_base_strategy(base, fit):
 
 def test_local_atom_step_uses_the_received_coefficients_and_head():
     torch.manual_seed(0)
-    module = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=4), lr=0.1)
-    reference = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=4), lr=0.1)
+    module = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=4), lr=0.1, momentum=0.0)
+    reference = ClientModule(Decomposed(SmallCNN(width=4, hidden=16), num_atoms=4), lr=0.1, momentum=0.0)
     received = {n: t.detach().clone() for n, t in module.named_parameters()}
     reference.load_state_dict(received)
     names = atom_names(module)

@@ -1,0 +1,84 @@
+"""One-line ConfigErrors for bad numbers: NaN, infinities and out-of-range values of every numeric knob."""
+
+import math
+
+import pytest
+
+from fl_lightning import strategies as S
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
+from fl_lightning.data import FederatedDataModule
+from fl_lightning.errors import ConfigError, check_number
+
+NAN, INF = math.nan, math.inf
+
+CASES = [
+    (ClientModule, "lr", [NAN, INF, 0.0, -0.1], "model.client.lr"),
+    (ClientModule, "momentum", [NAN, -1.0, 1.0], "model.client.momentum"),
+    (ClientModule, "weight_decay", [NAN, -1.0, INF], "model.client.weight_decay"),
+    (FederatedModule, "participation", [NAN, 0.0, 1.5], "model.participation"),
+    (FederatedModule, "lr_decay", [NAN, 0.0, 1.1], "model.lr_decay"),
+    (FederatedModule, "grad_clip_norm", [NAN, -1.0, 0.0, INF], "model.grad_clip_norm"),
+    (FederatedModule, "seed", [-1], "model.seed"),
+    (FederatedModule, "max_failed_rounds", [0], "model.max_failed_rounds"),
+    (FederatedModule, "state_memory_mb", [NAN, -1.0], "model.state_memory_mb"),
+    (FederatedDataModule, "eval_batch_size", [0, -1], "data.eval_batch_size"),
+    (FederatedDataModule, "seed", [-1], "data.seed"),
+    (S.FedAvg, "server_lr", [NAN, 0.0, -1.0, INF], "model.strategy.server_lr"),
+    (S.FedProx, "mu", [NAN, -1.0, INF], "model.strategy.mu"),
+    (S.FedAdam, "eps", [NAN, 0.0], "model.strategy.eps"),
+    (S.FedAdam, "betas", [(NAN, 0.9), (0.9, 1.0)], "model.strategy.betas"),
+    (S.FedAvgM, "momentum", [NAN, -0.1, 1.0], "model.strategy.momentum"),
+    (S.FedCM, "alpha", [NAN, 0.0, 1.5], "model.strategy.alpha"),
+    (S.FedDC, "alpha", [NAN, 0.0], "model.strategy.alpha"),
+    (S.FedDecorr, "beta", [NAN, -1.0], "model.strategy.beta"),
+    (S.FedDyn, "alpha", [NAN, 0.0], "model.strategy.alpha"),
+    (S.FedExP, "eps", [NAN, 0.0], "model.strategy.eps"),
+    (S.FedSAM, "rho", [NAN, -1.0], "model.strategy.rho"),
+    (S.FedSAM, "clip_norm", [NAN, 0.0], "model.strategy.clip_norm"),
+    (S.FedGamma, "rho", [NAN], "model.strategy.rho"),
+    (S.MoFedSAM, "alpha", [NAN], "model.strategy.alpha"),
+    (S.FedSMOO, "beta", [NAN, 0.0], "model.strategy.beta"),
+    (S.FedSMOO, "rho", [NAN], "model.strategy.rho"),
+    (S.FedSpeed, "beta", [NAN, 0.0], "model.strategy.beta"),
+    (S.FedSpeed, "sam_weight", [NAN, 1.5], "model.strategy.sam_weight"),
+    (S.FineTune, "lr", [NAN, 0.0], "model.strategy.lr"),
+    (S.FineTune, "seed", [-1], "model.strategy.seed"),
+    (S.MOON, "mu", [NAN, -1.0], "model.strategy.mu"),
+    (S.MOON, "temperature", [NAN, 0.0], "model.strategy.temperature"),
+    (S.FedCOG, "gen_lr", [NAN, 0.0], "model.strategy.gen_lr"),
+    (S.FedCOG, "lambda_kd", [NAN, -1.0], "model.strategy.lambda_kd"),
+    (S.FedCOG, "lambda_dis", [NAN], "model.strategy.lambda_dis"),
+    (S.FedCOG, "temperature", [NAN, 0.0], "model.strategy.temperature"),
+    (S.PFedMe, "lam", [NAN, -1.0], "model.strategy.lam"),
+    (S.PFedMe, "personal_lr", [NAN, 0.0], "model.strategy.personal_lr"),
+    (S.PFedMe, "beta", [NAN, 0.0], "model.strategy.beta"),
+    (S.PFedMe, "personal_momentum", [NAN, 1.0], "model.strategy.personal_momentum"),
+    (S.TDPFed, "lam", [NAN], "model.strategy.lam"),
+]
+PARAMS = [(cls, arg, bad, field) for cls, arg, values, field in CASES for bad in values]
+
+
+@pytest.mark.parametrize(
+    ("cls", "arg", "bad", "field"),
+    PARAMS,
+    ids=[f"{cls.__name__}.{arg}={bad}" for cls, arg, bad, _ in PARAMS],
+)
+def test_a_bad_number_is_a_one_line_config_error_naming_the_field(cls, arg, bad, field):
+    with pytest.raises(ConfigError) as info:
+        cls(**{arg: bad})
+    msg = str(info.value)
+    assert msg.startswith(f"{field}=") and "\n" not in msg
+
+
+def test_check_number_messages():
+    with pytest.raises(ConfigError, match=r"^x=nan must be a finite number > 0; e\.g\. 1$"):
+        check_number(NAN, "x", low=0, low_open=True, hint="e.g. 1")
+    with pytest.raises(ConfigError, match=r"^x=2 must be in \[0, 1\) \(a fraction\)$"):
+        check_number(2, "x", low=0, high=1, high_open=True, hint="(a fraction)")
+    with pytest.raises(ConfigError, match=r"^x='a' must be a finite number$"):
+        check_number("a", "x")
+    with pytest.raises(ConfigError, match=r"^x=True must be a finite number$"):
+        check_number(True, "x")
+    check_number(0, "x", low=0)
+    check_number(1.0, "x", low=0, high=1)
