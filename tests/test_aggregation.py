@@ -190,3 +190,21 @@ def test_process_aggregate_reaches_server_update(fit):
     assert all(not t.any() for t in strategy.seen["weights"].values())
     # server_lr=1: w - (w - 0) = 0
     assert all(not p.any() for p in module.client.parameters())
+
+
+class NoisyUpload(FedAvg):
+    """Local DP's shape: Gaussian noise on every uploaded tensor."""
+
+    def process_upload(self, upload, ctx):
+        return {g: {n: t + 0.01 * torch.randn_like(t) for n, t in ts.items()} for g, ts in upload.items()}
+
+
+def test_noise_in_process_upload_comes_from_the_client_stream_and_repeats(fit):
+    runs = [make_module(NoisyUpload(), clients_per_round=2) for _ in range(2)]
+    for module in runs:
+        fit(module, rounds=1)
+    plain = make_module(FedAvg(), clients_per_round=2)
+    fit(plain, rounds=1)
+    a, b, c = (global_weights(m) for m in (*runs, plain))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # seeded by (seed, round, client_id)
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # and the noise did reach the aggregate
