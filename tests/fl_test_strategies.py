@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from fl_lightning.core.aggregation import BufferedAggregator
 from fl_lightning.strategies import FedAvg
 
 
@@ -38,3 +39,21 @@ class FailOn(FedAvg):
         if ctx.client_id in self.nan_on:
             up["weights"] = {k: torch.full_like(v, float("nan")) for k, v in up["weights"].items()}
         return up
+
+
+class Median(BufferedAggregator):
+    """Coordinate-wise median of the round's uploads (an order statistic: needs every upload)."""
+
+    def reduce(self, entries):
+        groups = entries[0][1]
+        return {
+            g: {n: torch.stack([up[g][n] for _, up, _ in entries]).median(dim=0).values for n in groups[g]}
+            for g in groups
+        }
+
+
+class MedianFedAvg(FedAvg):
+    """FedAvg with the coordinate-wise median as aggregate (all-gathered uploads under DDP)."""
+
+    def aggregator(self):
+        return Median(self)

@@ -45,7 +45,13 @@ _CKPT_FIX = "give a .ckpt file written by `fit` (e.g. lightning_logs/version_0/c
 
 #: Constructor arguments that change how a run is executed or evaluated, not what it trains.
 _NOT_TRAINING = frozenset(
-    {"model.eval_clients_every", "model.state_dir", "model.state_memory_mb", "model.threads_per_process"}
+    {
+        "model.eval_clients_every",
+        "model.eval_fraction",
+        "model.state_dir",
+        "model.state_memory_mb",
+        "model.threads_per_process",
+    }
 )
 
 

@@ -131,6 +131,7 @@ def train_client(
             ctx.lr = optimizer.param_groups[0]["lr"]
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
             upload = strategy.upload(worker, ctx)
+            upload = strategy.process_upload(upload, ctx)  # clipping/noise/compression: bytes_up counts this
             metrics = worker.train_stats()
             train_state = worker.train_state()
             if eval_metrics is not None and data.test_idx.numel() > 0:

@@ -21,14 +21,14 @@ from fl_lightning.core.client import ClientModule
 from fl_lightning.core.distributed import all_gather_objects, assign_clients, is_distributed
 from fl_lightning.core.local import LocalConfig, evaluate
 from fl_lightning.core.metrics import TaskMetrics
-from fl_lightning.core.round import FederatedLoop, timed
+from fl_lightning.core.round import FederatedLoop, num_sampled, sample_clients, timed
 from fl_lightning.core.state import ClientStateStore
 from fl_lightning.core.types import ClientResult, RoundResult
 from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
 from fl_lightning.errors import ConfigError, RunError, check_number
-from fl_lightning.functional.tensor import load_tensors, to_device
+from fl_lightning.functional.tensor import derive_seed, load_tensors, to_device
 from fl_lightning.strategies.base import Strategy
 from fl_lightning.strategies.fedavg import FedAvg
 
@@ -39,6 +39,7 @@ log = logging.getLogger("fl_lightning")
 #: ``round``, ``test``, ``train``) instead of first. Plain characters, valid for every Lightning logger.
 CLIENT_PREFIX = "z_client"
 
+_EVAL_STREAM = 0xE7A  # seed stream of the clients sampled for evaluation (model.eval_fraction)
 _SMALL_MODEL = 1_000_000  # parameters; below this a CPU process trains on one intra-op thread by default
 _DEFAULT_CLIENT = lazy_instance(ClientModule)
 _DEFAULT_STRATEGY = lazy_instance(FedAvg)
@@ -65,6 +66,10 @@ class FederatedModule(LightningModule):
         grad_clip_norm: Clip each local step's gradient to this global norm (None: no clipping).
         eval_clients_every: Evaluate every client's deployed model on its local test split every
             this many rounds (``z_client/<id>/*`` and ``personal/*``); 0: only at the end of fit.
+        eval_fraction: Fraction of clients evaluated by those evaluations during fit, in (0, 1]:
+            ``max(1, floor(eval_fraction * m))`` clients drawn by a generator seeded from
+            ``(seed, round)``, ``personal/*`` merged over them. The evaluation at the end of fit, and
+            ``validate``/``test``, evaluate every client.
         tolerate_client_failures: Exclude (and count) a client whose local training raises or
             returns non-finite values instead of stopping the run.
         max_failed_rounds: With ``tolerate_client_failures``, a round in which every sampled client
@@ -98,6 +103,7 @@ class FederatedModule(LightningModule):
         lr_decay: float = 1.0,
         grad_clip_norm: float | None = None,
         eval_clients_every: int = 1,
+        eval_fraction: float = 1.0,
         tolerate_client_failures: bool = True,
         max_failed_rounds: int = 3,
         seed: int = 0,
@@ -140,12 +146,16 @@ class FederatedModule(LightningModule):
             )
         if eval_clients_every < 0:
             raise ConfigError(f"model.eval_clients_every={eval_clients_every} must be >= 0")
+        check_number(
+            eval_fraction, "model.eval_fraction", low=0, high=1, low_open=True, hint="e.g. 0.1 evaluates 10%"
+        )
         # The CLI builds fresh objects from the config; from Python the defaults are shared objects,
         # so give each module its own.
         self.client = ClientModule() if client is _DEFAULT_CLIENT else client
         self.strategy = FedAvg() if strategy is _DEFAULT_STRATEGY else strategy
         self.automatic_optimization = False
         self.eval_clients_every = eval_clients_every
+        self.eval_fraction = eval_fraction
         self.seed = seed
         self.max_failed_rounds = max_failed_rounds
         self.loop = FederatedLoop(
@@ -281,7 +291,7 @@ class FederatedModule(LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         round_idx = self.global_step
         watch = timed()
-        sampled = self.loop.sample(self.datamodule.num_clients, round_idx)
+        sampled = self.loop.sample(self.datamodule.num_clients, round_idx, self.strategy)
         self._call_federated("on_round_start", round_idx, sampled)
 
         def on_client_end(index: int, total: int, res: ClientResult | None) -> None:
@@ -464,17 +474,22 @@ class FederatedModule(LightningModule):
         rounds_done = self.rounds_done
         due = self.eval_clients_every > 0 and rounds_done % self.eval_clients_every == 0
         # trainer.training is False during fit's own validation: test the entry point instead
-        if due or self.trainer.state.fn != TrainerFn.FITTING:
+        if self.trainer.state.fn != TrainerFn.FITTING:
             self.evaluate_clients()
+        elif due:
+            self.evaluate_clients(clients=self.eval_sample(rounds_done))
 
     @torch.inference_mode(False)  # strategy.adapt may train (FineTune); validate/test run in inference mode
     @torch.no_grad()
-    def evaluate_clients(self, lightning_log: bool = True) -> dict[int, dict[str, float]]:
-        """Evaluate every client's deployed model on its local test split (training data if none).
+    def evaluate_clients(
+        self, lightning_log: bool = True, clients: list[int] | None = None
+    ) -> dict[int, dict[str, float]]:
+        """Evaluate the deployed model of ``clients`` (default: every client) on its local test split.
 
-        The deployed model is the global model after ``strategy.personalize`` and ``strategy.adapt``
-        (identity for non-personalised strategies). Logs ``z_client/<id>/<metric>`` and
-        ``personal/<metric>``, the latter merged over clients by metric state.
+        The training data stands in for a client without a test split. The deployed model is the
+        global model after ``strategy.personalize`` and ``strategy.adapt`` (identity for
+        non-personalised strategies). Logs ``z_client/<id>/<metric>`` and ``personal/<metric>``, the
+        latter merged over the evaluated clients by metric state.
         """
         dm = self.datamodule
         dm.to(self.device)  # no-op during fit; after fit or from a checkpoint, the data follows the module
@@ -482,7 +497,8 @@ class FederatedModule(LightningModule):
         merged = self.client_metrics.clone()
         per: dict[int, dict[str, float]] = {}
         world, rank = self.trainer.world_size, self.global_rank
-        for data in dm.clients[rank::world]:  # each process evaluates its share of the clients
+        chosen = dm.clients if clients is None else [dm.clients[c] for c in clients]
+        for data in chosen[rank::world]:  # each process evaluates its share of the clients
             load_tensors(worker, {k: v for k, v in self.client.state_dict().items() if v.is_floating_point()})
             state = {k: v.to(self.device) for k, v in self.store.get(data.client_id).items()}
             self.strategy.personalize(worker, data.client_id, state)
@@ -493,7 +509,7 @@ class FederatedModule(LightningModule):
             merged.merge(metrics)
         per = dict(sorted(kv for part in all_gather_objects(per) for kv in part.items()))
         self.client_eval = per
-        self._client_eval_round = self.global_step
+        self._client_eval_round = self.global_step if clients is None else -1  # a sample: not final
         flat = {f"{CLIENT_PREFIX}/{cid}/{k}": v for cid, m in per.items() for k, v in m.items()}
         self._log_direct(flat, step=self.rounds_done)
         personal = {f"personal/{k}": v for k, v in gather_metrics(merged).compute().items()}
@@ -502,6 +518,14 @@ class FederatedModule(LightningModule):
         elif personal:  # outside a hook where self.log is allowed (e.g. at the end of fit)
             self._log_direct(personal, step=self.rounds_done)
         return per
+
+    def eval_sample(self, round: int) -> list[int] | None:
+        """The clients evaluated during fit after ``round`` rounds (None: all, ``eval_fraction=1``)."""
+        if self.eval_fraction >= 1:
+            return None
+        m = self.datamodule.num_clients
+        count = num_sampled(m, self.eval_fraction, None)
+        return sample_clients(m, count, derive_seed(self.seed, _EVAL_STREAM), round)
 
     def final_client_metrics(self) -> dict[int, dict[str, float]]:
         """Per-client metrics of the final model (evaluated now if the last evaluation is stale)."""

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from fl_lightning.core.aggregation import Aggregator
 from fl_lightning.core.client import ClientModule, merge_train_states
-from fl_lightning.core.distributed import all_gather_objects, all_reduce_sums, is_distributed
+from fl_lightning.core.distributed import all_gather_objects, is_distributed
 from fl_lightning.core.local import LocalConfig, train_client
 from fl_lightning.core.metrics import TaskMetrics
 from fl_lightning.core.types import ClientResult, RoundInfo, RoundResult
@@ -41,6 +40,14 @@ def sample_clients(num_clients: int, count: int, seed: int, round: int) -> list[
     """``count`` distinct clients for ``round``, sorted; a function of ``(seed, round)`` only."""
     g = torch.Generator().manual_seed(derive_seed(seed, _SAMPLING_STREAM, round))
     return sorted(torch.randperm(num_clients, generator=g)[:count].tolist())
+
+
+def checked_selection(ids: list[int], num_clients: int) -> list[int]:
+    """``ids`` sorted, after checking they are distinct client ids in ``0..num_clients-1`` (at least one)."""
+    out = sorted(int(c) for c in ids)
+    if not out or len(set(out)) != len(out) or out[0] < 0 or out[-1] >= num_clients:
+        raise ValueError(f"select_clients must return distinct client ids in [0, {num_clients}), got {ids}")
+    return out
 
 
 def num_sampled(num_clients: int, participation: float, clients_per_round: int | None) -> int:
@@ -75,9 +82,13 @@ class FederatedLoop:
     clients_per_round: int | None = None
     tolerate_client_failures: bool = True
 
-    def sample(self, num_clients: int, round: int) -> list[int]:
+    def sample(self, num_clients: int, round: int, strategy: Strategy | None = None) -> list[int]:
+        """The clients of ``round``, sorted: ``strategy.select_clients`` (default: :func:`sample_clients`)."""
         count = num_sampled(num_clients, self.participation, self.clients_per_round)
-        return sample_clients(num_clients, count, self.config.seed, round)
+        if strategy is None:
+            return sample_clients(num_clients, count, self.config.seed, round)
+        chosen = strategy.select_clients(num_clients, count, round, self.config.seed)
+        return checked_selection(chosen, num_clients)
 
     def run_round(
         self,
@@ -102,9 +113,9 @@ class FederatedLoop:
         process group the weighted sums are all-reduced, and the clients' metrics, byte counts and
         new states are exchanged, so every process returns the same result and holds every state.
         """
-        sampled = self.sample(len(clients), round) if sampled is None else sampled
+        sampled = self.sample(len(clients), round, strategy) if sampled is None else sampled
         mine = sampled if assigned is None else assigned
-        agg = Aggregator(strategy)
+        agg = strategy.aggregator()
         result = RoundResult(means={}, info=RoundInfo(round, sampled, [], len(clients)))
         personal = strategy.personal_names(model)
         initial = {n: t for n, t in model.state_dict().items() if n in personal}
@@ -135,7 +146,7 @@ class FederatedLoop:
                 if on_client_end is not None:
                     on_client_end(i, len(mine), None)
                 continue
-            agg.add(res.upload, res.num_samples)
+            agg.add(res.upload, res.num_samples, cid)
             store.put(cid, res.state)
             result.info.aggregated.append(cid)
             result.client_metrics[cid] = dict(res.metrics, num_samples=res.num_samples)
@@ -145,12 +156,12 @@ class FederatedLoop:
             if on_client_end is not None:
                 on_client_end(i, len(mine), res)
         if is_distributed():
-            all_reduce_sums(agg.sums, agg.totals, next(worker.parameters()).device)
+            agg.combine(next(worker.parameters()).device)
             _exchange(result, store)
         if not result.info.aggregated:  # every client failed: nothing to aggregate (the caller skips it)
             return result
-        result.means = agg.means()
-        result.info.weight_totals = dict(agg.totals)
+        result.info.weight_totals = agg.weight_totals
+        result.means = strategy.process_aggregate(agg.means(), result.info)
         result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
         return result
 

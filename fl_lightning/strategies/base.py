@@ -2,19 +2,28 @@
 
 A round of the :class:`~fl_lightning.core.round.FederatedLoop` calls, in order::
 
-    server: message(model, client_id, round)           -> payload sent down
+    server: select_clients(num_clients, count, round, seed) -> the round's clients (seeded uniform)
+            aggregator()                                -> this round's Aggregator (StreamingMean)
+            message(model, client_id, round)           -> payload sent down
     client: on_client_start(module, ctx)                  (after the loop loaded message["weights"])
             configure_client_optimizer(module, ctx)     -> local optimizer (may be closure-based, SAM)
             per local step:  local_step(module, optimizer, ctx, batch, closure)  (optimizer.step(closure))
                              the closure: zero_grad, training_step (task loss + local_loss(...)),
                              backward, on_before_optimizer_step(module, optimizer, ctx), clipping
                              on_after_optimizer_step(module, optimizer, ctx)
-            upload(module, ctx)                         -> payload sent up (ctx.state persists)
-    server: server_receive(upload)                        per upload, before the weighted sums
+            upload(module, ctx)                         -> payload (ctx.state persists)
+            process_upload(upload, ctx)                 -> payload sent up: clip, noise, compress
+                                                           (bytes_up counts this)
+    server: server_receive(upload)                        per upload, inside the aggregator's add
             weighting(group)                              "samples" or "uniform" per payload group
+            <aggregator: add per client, combine across processes, means>
+            process_aggregate(means, info)              -> means, e.g. noise for central DP
             server_update(model, means, info)             set .grad (pseudo-gradient), assign buffers
             <server optimizer step>                       SGD(lr) = FedAvg; momentum, Adam = FedOpt
             on_after_server_step(model, means, info)
+
+Evaluation of the clients' deployed models (``FederatedModule.evaluate_clients``, every client, or a
+seeded ``model.eval_fraction`` of them during fit) calls ``personalize`` then ``adapt`` per client.
 
 Server state lives in buffers registered on the strategy (it is an ``nn.Module``, so Lightning
 checkpoints it and moves it to the device); per-client state lives in ``ctx.state``, a dict of tensors
@@ -35,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.core.aggregation import Aggregator, StreamingMean
+from fl_lightning.core.round import sample_clients
 from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient, shared_state
@@ -83,6 +94,25 @@ class Strategy(nn.Module):
     def shared_names(self, model: nn.Module) -> list[str]:
         """Names of the model entries that are communicated: floating state minus personal ones."""
         return list(shared_state(model, exclude=self.personal_names(model)))
+
+    def select_clients(self, num_clients: int, count: int, round: int, seed: int) -> list[int]:
+        """The ``count`` clients that train in ``round`` (``count`` from participation/clients_per_round).
+
+        Default: ``count`` distinct clients drawn uniformly by a generator seeded from ``(seed, round)``
+        (:func:`fl_lightning.core.round.sample_clients`), so a resumed run draws the same clients. An override
+        returns distinct ids in ``0..num_clients-1`` (any number, at least one; the loop sorts them) and
+        must be a function of its arguments and the strategy's state, identical on every process.
+        """
+        return sample_clients(num_clients, count, seed, round)
+
+    def aggregator(self) -> Aggregator:
+        """A fresh aggregator for one round; default: the streaming weighted mean.
+
+        Return a :class:`~fl_lightning.core.aggregation.BufferedAggregator` subclass for reductions that need
+        every upload (median, trimmed mean, Krum). The aggregator applies :meth:`server_receive` and
+        :meth:`weighting` of the strategy it is bound to.
+        """
+        return StreamingMean(self)
 
     # ---------------------------------------------------------------------------- server → client
     def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
@@ -141,6 +171,15 @@ class Strategy(nn.Module):
             ctx.state.update({PERSONAL + n: state[n].detach().clone() for n in personal})
         return {"weights": shared_state(module, exclude=personal)}
 
+    def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
+        """Client side, after :meth:`upload`: what is really sent (default: ``upload`` unchanged).
+
+        The place for clipping, local noise (local DP) and compression: the round's ``bytes_up`` and
+        the aggregate see the returned payload. Random draws here use the client's RNG stream (seeded
+        by ``(seed, round, client_id)``), so they repeat on a rerun and on any process.
+        """
+        return upload
+
     def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
         """Turn the global model (already loaded in ``module``) into the model ``client_id`` deploys.
 
@@ -168,6 +207,14 @@ class Strategy(nn.Module):
     def weighting(self, group: str) -> Literal["samples", "uniform"]:
         """How uploads of ``group`` are averaged: by client sample count (default) or uniformly."""
         return "samples"
+
+    def process_aggregate(self, means: Payload, info: RoundInfo) -> Payload:
+        """Server side, after aggregation and before :meth:`server_update` (default: unchanged).
+
+        E.g. Gaussian noise on the aggregate for central DP. Runs on every process with the same
+        ``means``; draw noise from a generator seeded by the round so all processes agree.
+        """
+        return means
 
     @torch.no_grad()
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
@@ -225,6 +272,17 @@ class StrategyWrapper(Strategy):
     def personal_names(self, model: nn.Module) -> set[str]:
         return self.base.personal_names(model)
 
+    def shared_names(self, model: nn.Module) -> list[str]:
+        return self.base.shared_names(model)
+
+    def select_clients(self, num_clients: int, count: int, round: int, seed: int) -> list[int]:
+        return self.base.select_clients(num_clients, count, round, seed)
+
+    def aggregator(self) -> Aggregator:
+        agg = self.base.aggregator()
+        agg.strategy = self  # the wrapper's server_receive/weighting (delegating by default) apply
+        return agg
+
     def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
         return self.base.message(model, client_id, round)
 
@@ -260,6 +318,9 @@ class StrategyWrapper(Strategy):
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         return self.base.upload(module, ctx)
 
+    def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
+        return self.base.process_upload(upload, ctx)
+
     def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
         self.base.personalize(module, client_id, state)
 
@@ -271,6 +332,9 @@ class StrategyWrapper(Strategy):
 
     def weighting(self, group: str) -> Literal["samples", "uniform"]:
         return self.base.weighting(group)
+
+    def process_aggregate(self, means: Payload, info: RoundInfo) -> Payload:
+        return self.base.process_aggregate(means, info)
 
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         self.base.server_update(model, means, info)

@@ -71,7 +71,9 @@ def _assert_same_run(one: dict, two: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["FedAvg", "fl_test_strategies.Stateful"])
+@pytest.mark.parametrize(
+    "strategy", ["FedAvg", "fl_test_strategies.Stateful", "fl_test_strategies.MedianFedAvg"]
+)
 def test_two_processes_match_one_process(tmp_path, strategy, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     extra = [f"--model.strategy={strategy}"]

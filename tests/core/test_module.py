@@ -352,3 +352,27 @@ def test_trainer_options_rounds_cannot_honour_name_the_federated_equivalent(fit,
 def test_trainer_options_that_fit_rounds_are_accepted(fit):
     trainer = fit(make_module(), rounds=1, max_epochs=1, gradient_clip_val=0.0)
     assert trainer.global_step == 1
+
+
+def test_eval_fraction_evaluates_a_seeded_sample_during_fit_and_every_client_at_the_end(fit, monkeypatch):
+    module = make_module(eval_fraction=0.5, eval_clients_every=1)
+    evaluated: list[list[int]] = []
+    original = module.evaluate_clients
+
+    def recording(*args, **kwargs):
+        per = original(*args, **kwargs)
+        evaluated.append(sorted(per))
+        return per
+
+    monkeypatch.setattr(module, "evaluate_clients", recording)
+    fit(module, rounds=2, data=make_data(num_clients=6))
+    assert [len(e) for e in evaluated] == [3, 3]  # floor(0.5 * 6) clients after each round
+    assert evaluated == [module.eval_sample(1), module.eval_sample(2)]  # seeded by (seed, round)
+    assert sorted(module.final_client_metrics()) == list(range(6))  # the final model: every client
+    assert evaluated[-1] == list(range(6))
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, float("nan")])
+def test_eval_fraction_outside_unit_interval_is_rejected(bad):
+    with pytest.raises(ConfigError, match=r"model.eval_fraction=.* must be .*in \(0, 1\]"):
+        make_module(eval_fraction=bad)

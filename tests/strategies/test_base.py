@@ -1,8 +1,14 @@
 """The Strategy API's own mechanics: personal entries, extra payload groups, local_step."""
 
+import inspect
+from types import SimpleNamespace
+
+import pytest
 import torch
+from torch import nn
 
 from fl_lightning.strategies import FedAvg
+from fl_lightning.strategies.base import Strategy, StrategyWrapper
 
 from conftest import global_weights, make_module
 
@@ -71,3 +77,50 @@ def test_a_wrapper_that_adds_nothing_is_bit_identical_to_its_base(fit):
     fit(b, rounds=2)
     wa, wb = global_weights(a), global_weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ------------------------------------------------------------------------------ StrategyWrapper
+def _hooks() -> list[str]:
+    """Every public method of Strategy that is not nn.Module's own."""
+    return sorted(
+        n
+        for n, _ in inspect.getmembers(Strategy, inspect.isfunction)
+        if not n.startswith("_") and not hasattr(nn.Module, n)
+    )
+
+
+def _recording_strategy(hooks: list[str]) -> Strategy:
+    """A Strategy whose every hook records its name and arguments and returns a fresh sentinel."""
+
+    def make(name):
+        def hook(self, *args, **kwargs):
+            result = SimpleNamespace(name=name)
+            self.calls.append((name, args, result))
+            return result
+
+        return hook
+
+    base = type("Recording", (Strategy,), {n: make(n) for n in hooks})()
+    base.calls = []
+    return base
+
+
+def test_the_hook_list_covers_the_server_side_api():
+    assert {"select_clients", "aggregator", "process_upload", "process_aggregate", "shared_names"} <= set(
+        _hooks()
+    )
+
+
+@pytest.mark.parametrize("name", _hooks())
+def test_strategy_wrapper_forwards_every_hook(name):
+    assert name in vars(StrategyWrapper), f"StrategyWrapper does not override Strategy.{name}"
+    base = _recording_strategy(_hooks())
+    wrapper = StrategyWrapper(base)
+    signature = inspect.signature(getattr(Strategy, name))
+    args = tuple(SimpleNamespace(arg=p) for p in signature.parameters if p != "self")
+    out = getattr(wrapper, name)(*args)
+    assert [c[0] for c in base.calls] == [name]
+    _, seen, result = base.calls[0]
+    assert seen == args  # the base got the wrapper's arguments, in order
+    if signature.return_annotation != "None":
+        assert out is result  # and its result comes back
