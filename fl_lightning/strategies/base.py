@@ -6,7 +6,7 @@ A round of the :class:`~fl_lightning.core.round.FederatedLoop` calls, in order::
     client: on_client_start(module, ctx)                  (after the loop loaded message["weights"])
             configure_client_optimizer(module, ctx)     -> local optimizer (may be closure-based, SAM)
             per local step:  local_step(module, optimizer, ctx, batch, closure)  (optimizer.step(closure))
-                             the closure: zero_grad, training_step (task loss + local_loss(...)),
+                             the closure: zero_grad, module.training_step (task loss), + local_loss(...),
                              backward, on_before_optimizer_step(module, optimizer, ctx), clipping
                              on_after_optimizer_step(module, optimizer, ctx)
             upload(module, ctx)                         -> payload sent up (ctx.state persists)
@@ -118,7 +118,12 @@ class Strategy(nn.Module):
         optimizer.step(closure)
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
-        """A term added to the task loss at every local step (proximal, dual, KD...); None for none."""
+        """A term added to the task loss at every local step (proximal, dual, KD...); None for none.
+
+        The local loop calls it after ``module.training_step(batch)``; ``outputs`` are the outputs that
+        step returned (``{"loss": ..., "outputs": ...}``), None when it returned a bare loss (or in the
+        corrections pass of a SAM step): compute what you need from ``batch`` then.
+        """
         return None
 
     def on_before_optimizer_step(

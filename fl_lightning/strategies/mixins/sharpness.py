@@ -43,13 +43,18 @@ def check_sam_args(rho: float, clip_norm: float | None, rho_field: str = "rho") 
 
 @contextlib.contextmanager
 def _frozen_train_stats(module: nn.Module) -> Iterator[None]:
-    """Keep the client's running train statistics unchanged (they report the loss at ``w``, not ``w+e``)."""
+    """Keep the client's running train statistics and logged values unchanged (they report ``w``, not
+    ``w+e``)."""
     sums = getattr(module, "_train_sums", None)
+    logs = getattr(module, "_local_logs", None)
+    logs = dict(logs) if logs is not None else None
     try:
         yield
     finally:
         if hasattr(module, "_train_sums"):
             module._train_sums = sums
+        if logs is not None:
+            module._local_logs = logs
 
 
 class SharpnessAware:
