@@ -4,8 +4,8 @@
 imports ``strategies``, ``callbacks`` or ``cli`` at module level, except ``core/module.py`` (the top of
 the spine: FedAvg is its default strategy, ``FederatedCallback`` the hooks it calls); ``data`` and
 ``models`` import neither ``core``, ``strategies`` nor ``callbacks``; ``strategies`` and ``callbacks``
-never import ``cli``. Imports under ``if TYPE_CHECKING:`` are type hints, not edges. No cycles between
-subpackages.
+never import ``cli``, and from ``core`` only its shared types (``types``, ``buffers``). Imports under
+``if TYPE_CHECKING:`` are type hints, not edges. No cycles between subpackages.
 """
 
 from __future__ import annotations
@@ -137,6 +137,16 @@ def test_subpackages_have_no_cycles():
     packages = {"core", "functional", "strategies", "callbacks", "data", "models"}
     cycles = [c for c in subpackage_cycles(import_graph()) if set(c) <= packages]
     assert cycles == []
+
+
+def test_strategies_and_callbacks_use_only_the_shared_types_of_core():
+    """Strategies sit below the loop: they get a ClientContext and return tensors, never call back up.
+
+    Besides the shared types they may use the aggregators (``Strategy.aggregator`` chooses one)."""
+    shared = {"fl_lightning.core.types", "fl_lightning.core.buffers", "fl_lightning.core.aggregation"}
+    for module, imports in import_graph().items():
+        if _subpackage(module) in ("strategies", "callbacks"):
+            assert {i for i in imports if _subpackage(i) == "core"} <= shared, module
 
 
 def test_functional_imports_only_itself_and_errors():

@@ -1,8 +1,9 @@
-"""The client: a LightningModule whose ``training_step`` adds the strategy's local term."""
+"""The client: a LightningModule whose ``training_step`` computes the task loss of a batch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -12,7 +13,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-from fl_lightning.core.types import ClientContext, TrainState
+from fl_lightning.core.types import TrainState
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.models.cnn import SmallCNN
 
@@ -27,12 +28,19 @@ class ClientModule(LightningModule):
 
     One instance holds the global model on the server; the round loop trains a working copy of it
     for each sampled client in turn (weights loaded from the server's message), so hundreds of
-    clients cost one model in memory. During local training ``self.fl`` is the
-    :class:`~fl_lightning.strategies.ClientContext` of the client being trained; outside it is None.
+    clients cost one model in memory.
 
-    The local objective at every step is ``task_loss(outputs, y) + strategy.local_loss(...)``.
-    Subclass and override :meth:`task_loss`, :meth:`training_step` or :meth:`configure_optimizers`
-    for other tasks; keep calling :meth:`local_term` so strategies still apply.
+    The local objective at every step is ``training_step(batch)["loss"] + strategy.local_loss(...)``:
+    the local loop (:func:`fl_lightning.core.local.train_client`) calls :meth:`training_step` and adds
+    the strategy's term itself, so the module never sees the strategy. Subclass and override
+    :meth:`task_loss`, :meth:`training_step` or :meth:`configure_optimizers` for other tasks;
+    ``training_step`` returns the task loss, or a dict with ``"loss"`` and ``"outputs"`` (the network's
+    outputs, which strategies such as MOON and FedCOG reuse instead of running another forward).
+
+    Hooks that run on a client: ``forward``, ``training_step``, ``configure_optimizers`` (through the
+    strategy's ``configure_client_optimizer``) and ``on_before_optimizer_step``. ``self.log(name, value)``
+    in them records a scalar into the client's metrics of the round (mean over the local steps, logged
+    as ``z_client/<id>/<name>``). No other Lightning hook runs per client.
 
     The training metrics of a client's local run are torchmetrics ``MeanMetric``s in
     ``fl_train_metrics``: ``train_loss`` (each step's task loss weighted by its batch size) and
@@ -78,7 +86,6 @@ class ClientModule(LightningModule):
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
-        self.fl: ClientContext | None = None
         # nan_strategy="disable": no NaN check, so no host sync (torchmetrics 1.9 then ignores `weight`,
         # hence each loss is passed repeated once per sample of its batch instead of weighted); no
         # sync_on_compute: each process trains its own clients.
@@ -87,6 +94,7 @@ class ClientModule(LightningModule):
         )
         self._train_batches: list[tuple[Tensor, Tensor]] = []  # (loss, per-sample correctness) per step
         self._train_paused = False  # set by the SAM step around its second (perturbed) pass
+        self._local_logs: dict[str, tuple[Tensor, int]] | None = None  # name -> (sum, count) while training
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -97,20 +105,14 @@ class ClientModule(LightningModule):
             return F.cross_entropy(outputs, target)
         return F.binary_cross_entropy_with_logits(outputs, target.to(outputs.dtype))
 
-    def local_term(self, batch: Any, outputs: Tensor) -> Tensor | None:
-        """The strategy's local term for this step (None outside federated training or if none)."""
-        ctx = self.fl
-        if ctx is None:
-            return None
-        return ctx.strategy.local_loss(self, ctx, batch, outputs)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """The task loss of ``batch`` and the outputs it was computed from (the strategy's term is added
+        by the local loop)."""
         x, y = batch
         outputs = self(x)
         loss = self.task_loss(outputs, y)
         self._track_train(outputs, y, loss)
-        extra = self.local_term(batch, outputs)
-        return loss if extra is None else loss + extra
+        return {"loss": loss, "outputs": outputs}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
@@ -120,12 +122,45 @@ class ClientModule(LightningModule):
             return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
 
+    # ---------------------------------------------------------------- logging during local training
+    @contextlib.contextmanager
+    def local_training(self) -> Iterator[None]:
+        """One client's local run: fresh train statistics, and ``self.log`` collected for the client."""
+        self.reset_train_stats()
+        self._local_logs = {}
+        try:
+            yield
+        finally:
+            self._local_logs = None
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """Lightning's ``log``; during local training the value joins the client's metrics instead.
+
+        Under the local loop there is no Trainer per client: each logged value is summed on the device
+        (no host sync per step) and :meth:`train_stats` reports its mean over the calls of the round.
+        Lightning's options (``prog_bar``, ``on_step``, ``sync_dist``...) do not apply there.
+        """
+        logs = self._local_logs
+        if logs is None:
+            super().log(name, value, *args, **kwargs)
+            return
+        if not isinstance(value, (Tensor, int, float)) or (isinstance(value, Tensor) and value.numel() != 1):
+            raise ValueError(
+                f"self.log({name!r}, ...) in a client's training_step takes a scalar tensor or number; "
+                f"got {type(value).__name__}"
+            )
+        value = value.detach().float() if isinstance(value, Tensor) else float(value)
+        total, count = logs.get(name, (0.0, 0))
+        logs[name] = (total + value, count + 1)
+
     # ---------------------------------------------------------------- cheap training statistics
     def reset_train_stats(self) -> None:
         """Start a new local run's training metrics (called by the loop before local training)."""
         self._train_batches.clear()
         for metric in self.fl_train_metrics.values():
             metric.reset()
+        if self._local_logs is not None:
+            self._local_logs = {}
 
     def _track_train(self, outputs: Tensor, target: Tensor, loss: Tensor) -> None:
         """Record one step's task loss and per-sample correctness (no sync; metrics updated later)."""
@@ -166,13 +201,17 @@ class ClientModule(LightningModule):
         return state
 
     def train_stats(self) -> dict[str, float]:
-        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats` (one sync)."""
+        """Mean task loss and accuracy over the local steps since :meth:`reset_train_stats` (one sync), and
+        the mean of every value logged with ``self.log`` since then."""
         self._update_train_metrics()
         metrics = self.fl_train_metrics
-        if metrics["train_loss"].update_count == 0:
-            return {}
-        values = torch.stack([m.compute().float() for m in metrics.values()]).tolist()
-        return dict(zip(metrics.keys(), values, strict=True))
+        out: dict[str, float] = {}
+        if metrics["train_loss"].update_count:
+            values = torch.stack([m.compute().float() for m in metrics.values()]).tolist()
+            out = dict(zip(metrics.keys(), values, strict=True))
+        for name, (total, count) in (self._local_logs or {}).items():
+            out[name] = float(total) / count
+        return out
 
 
 def merge_train_states(states: Iterable[TrainState]) -> dict[str, float]:

@@ -8,6 +8,7 @@ whichever process runs it and however many rounds ran before a resume.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,9 +103,10 @@ def train_client(
     Steps: load ``message["weights"]`` into the worker; ``strategy.on_client_start``; build the
     local optimizer (``strategy.configure_client_optimizer``) and set its lr to
     ``lr_0 * lr_decay ** round``; run ``K`` steps of ``optimizer.step(closure)`` where the closure
-    computes ``training_step`` (task loss + local term), backward, the strategy's and module's
-    ``on_before_optimizer_step`` hooks and optional clipping (closure-based, so SAM-type optimizers
-    can call it twice); collect ``strategy.upload``; evaluate on the local test split if any.
+    computes :func:`step_loss` (``training_step``'s loss + the strategy's local term), backward, the
+    strategy's and module's ``on_before_optimizer_step`` hooks and optional clipping (closure-based, so
+    SAM-type optimizers can call it twice); collect ``strategy.upload``; evaluate on the local test
+    split if any. Values the module logs with ``self.log`` join the client's metrics.
     Randomness (batch order, dropout) comes from a stream seeded by ``(seed, round, client_id)``.
     """
     device = next(worker.parameters()).device
@@ -119,10 +121,8 @@ def train_client(
         state = {k: v.to(device) for k, v in state.items()}
         num_steps = config.num_steps(data)
         ctx = ClientContext(cid, round, message, state, data.num_samples, num_steps, 0.0, strategy, data=data)
-        worker.fl = ctx
         worker.train()
-        worker.reset_train_stats()
-        try:
+        with worker.local_training(), _dropping(ctx.scratch):
             strategy.on_client_start(worker, ctx)
             optimizer = strategy.configure_client_optimizer(worker, ctx)
             decay = config.lr_decay**round
@@ -138,8 +138,6 @@ def train_client(
                 eval_metrics.reset()
                 evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
                 metrics.update({f"local_{k}": v for k, v in eval_metrics.compute().items()})
-        finally:
-            worker.fl = None
     return ClientResult(
         cid,
         upload,
@@ -189,7 +187,7 @@ def _local_steps(
         def closure(batch: Any = batch, step: int = step) -> Tensor:
             optimizer.zero_grad(set_to_none=True)
             with step_ctx():
-                loss = worker.training_step(batch, step)
+                loss = step_loss(worker, strategy, ctx, batch, step)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
@@ -208,3 +206,29 @@ def _local_steps(
         else:
             strategy.local_step(worker, optimizer, ctx, batch, closure)
         strategy.on_after_optimizer_step(worker, optimizer, ctx)
+
+
+def step_loss(worker: nn.Module, strategy: Strategy, ctx: ClientContext, batch: Any, step: int) -> Tensor:
+    """The local objective of one step: ``training_step``'s loss plus ``strategy.local_loss``.
+
+    ``training_step`` returns the loss or a dict with ``"loss"`` and optionally ``"outputs"`` (passed to
+    the strategy, which may reuse the forward; None when the step does not return them).
+    """
+    out = worker.training_step(batch, step)
+    if isinstance(out, Mapping):
+        loss, outputs = out["loss"], out.get("outputs")
+    else:
+        loss, outputs = out, None
+    extra = strategy.local_loss(worker, ctx, batch, outputs)
+    return loss if extra is None else loss + extra
+
+
+@contextlib.contextmanager
+def _dropping(scratch: dict[str, Any]) -> Iterator[None]:
+    """Empty the round's scratch space when the client's work ends, normally or not (hooks that a
+    strategy registered there, such as a :class:`~fl_lightning.functional.representation.FeatureTap`,
+    then know they are stale)."""
+    try:
+        yield
+    finally:
+        scratch.clear()

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from fl_lightning.core.client import ClientModule, merge_train_states
@@ -26,20 +25,13 @@ from fl_lightning.core.metrics import TaskMetrics
 from fl_lightning.core.types import ClientResult, RoundInfo, RoundResult
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError
-from fl_lightning.functional.tensor import all_finite, derive_seed, load_tensors, payload_bytes
+from fl_lightning.functional.sampling import sample_clients
+from fl_lightning.functional.tensor import all_finite, load_tensors, payload_bytes
 
 if TYPE_CHECKING:
     from fl_lightning.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
-
-_SAMPLING_STREAM = 0x5A3
-
-
-def sample_clients(num_clients: int, count: int, seed: int, round: int) -> list[int]:
-    """``count`` distinct clients for ``round``, sorted; a function of ``(seed, round)`` only."""
-    g = torch.Generator().manual_seed(derive_seed(seed, _SAMPLING_STREAM, round))
-    return sorted(torch.randperm(num_clients, generator=g)[:count].tolist())
 
 
 def checked_selection(ids: list[int], num_clients: int) -> list[int]:

@@ -81,6 +81,7 @@ from fl_lightning.functional.representation import (
     previous_model,
     save_previous_model,
 )
+from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.sharpness import (
     clip_grads_,
     global_grad_norm,
@@ -175,6 +176,7 @@ __all__ = [
     "reconstruct_filters",
     "restore",
     "sam_offsets",
+    "sample_clients",
     "save_previous_model",
     "scaffold_control_update",
     "seed_rng",

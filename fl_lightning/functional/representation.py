@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -112,23 +113,26 @@ class FeatureTap:
 
     :meth:`features_for` returns the features of the forward that produced ``outputs`` when that
     forward was the most recent one through the layer (``outputs`` is the layer's own output tensor),
-    so a strategy's ``local_loss`` gets the representation of the training forward for free. The hook is
-    removed by :meth:`remove`; a tap whose owner ``module.fl`` no longer is ``ctx`` (a client that
-    raised before removing it) removes itself at its next call.
+    so a strategy's ``local_loss`` gets the representation of the training forward for free. The tap
+    lives in ``scratch[key]`` (a client's per-round scratch space); it is removed by :meth:`remove`, and a
+    tap that is no longer there (the loop empties the scratch space when a client's work ends, also
+    when it raised) removes itself at its next call.
 
     Args:
-        module: The client module (its ``fl`` attribute is the running client's context).
-        ctx: The client context the tap belongs to.
+        module: The client module.
+        scratch: Where the tap is kept while it is live (``ctx.scratch``).
+        key: Its key in ``scratch``.
     """
 
-    def __init__(self, module: nn.Module, ctx: object) -> None:
+    def __init__(self, module: nn.Module, scratch: dict[str, Any], key: str) -> None:
         self.features: Tensor | None = None
         self.output: Tensor | None = None
-        self._owner, self._ctx = module, ctx
+        self._scratch, self._key = scratch, key
         self._handle = last_linear(module).register_forward_hook(self._hook)
+        scratch[key] = self
 
     def _hook(self, layer: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-        if getattr(self._owner, "fl", None) is not self._ctx:
+        if self._scratch.get(self._key) is not self:
             self.remove()
             return
         self.features, self.output = inputs[0], output

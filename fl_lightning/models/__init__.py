@@ -1,50 +1,39 @@
 """Model zoo: plain ``nn.Module`` classes with typed constructor arguments.
 
-A YAML config selects one with ``class_path: fl_lightning.models.SmallCNN`` and ``init_args``.
-Every module of this package is imported here; classes decorated with ``@register_model("name")``
-are exported from ``fl_lightning.models`` and listed by :func:`list_models` (adding a model is adding
-a file). :func:`create_model` gives name-based access for scripts and tests.
+A YAML config selects one with ``class_path: fl_lightning.models.SmallCNN`` and ``init_args``. Every
+model is imported here explicitly and exported from ``fl_lightning.models``; ``@register_model("name")``
+lists it (:func:`list_models`) and :func:`create_model` gives name-based access for scripts and tests.
+Adding a model is adding a file and one import line here.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from collections.abc import Callable
+from fl_lightning.models.cnn import MLP, SmallCNN
+from fl_lightning.models.cp import Tensorized
+from fl_lightning.models.decomposed import Decomposed
+from fl_lightning.models.fedpara import FedPara
+from fl_lightning.models.flair_resnet import TorchvisionResNet18
+from fl_lightning.models.lenet import LeNet
+from fl_lightning.models.moon_cnn import MoonCNN, MoonCNN100
+from fl_lightning.models.registry import MODELS, create_model, list_models, register_model
+from fl_lightning.models.resnet import ResNet18GN
+from fl_lightning.models.tdpfed_nets import DNN, VGG8
 
-from torch import nn
-
-from fl_lightning.errors import ConfigError
-
-MODELS: dict[str, type[nn.Module]] = {}
-
-
-def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator registering a model class under ``name`` and exporting it from this package."""
-
-    def wrap(cls: type[nn.Module]) -> type[nn.Module]:
-        MODELS[name] = cls
-        globals()[cls.__name__] = cls
-        return cls
-
-    return wrap
-
-
-def list_models() -> list[str]:
-    """Names of all registered models."""
-    return sorted(MODELS)
-
-
-def create_model(name: str, **kwargs: object) -> nn.Module:
-    """Instantiate a registered model by name."""
-    if name not in MODELS:
-        raise ConfigError(f"model name {name!r} is not registered; choose one of {', '.join(list_models())}")
-    return MODELS[name](**kwargs)
-
-
-for _info in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_info.name}")
-
-from fl_lightning.models.cnn import MLP, SmallCNN  # noqa: E402  (re-exported for type checkers)
-
-__all__ = ["MLP", "MODELS", "SmallCNN", "create_model", "list_models", "register_model"]
+__all__ = [
+    "DNN",
+    "MLP",
+    "MODELS",
+    "VGG8",
+    "Decomposed",
+    "FedPara",
+    "LeNet",
+    "MoonCNN",
+    "MoonCNN100",
+    "ResNet18GN",
+    "SmallCNN",
+    "Tensorized",
+    "TorchvisionResNet18",
+    "create_model",
+    "list_models",
+    "register_model",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 
 @register_model("small_cnn")

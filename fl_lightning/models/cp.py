@@ -46,7 +46,7 @@ from fl_lightning.functional.cp import (
     cp_reconstruct,
     rank_for,
 )
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from fl_lightning.functional.decomposition import (
     reconstruct_filters,
     svd_atoms,
 )
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 Mode = Literal["reconstruct", "two_stage"]
 Init = Literal["svd", "random"]

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 
 def fedpara_num_params(out_features: int, in_features: int, kernel: tuple[int, int] | None, rank: int) -> int:

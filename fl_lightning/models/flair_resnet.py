@@ -7,7 +7,7 @@ from typing import Literal
 from torch import Tensor, nn
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 
 @register_model("torchvision_resnet18")

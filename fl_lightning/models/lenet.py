@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 
 @register_model("lenet")

@@ -8,7 +8,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import register_model
+from fl_lightning.models.registry import register_model
 
 
 @register_model("resnet18_gn")

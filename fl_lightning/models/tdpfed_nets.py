@@ -13,8 +13,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.models import register_model
 from fl_lightning.models.cp import tensorize
+from fl_lightning.models.registry import register_model
 
 
 @register_model("dnn")

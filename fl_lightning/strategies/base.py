@@ -8,7 +8,7 @@ A round of the :class:`~fl_lightning.core.round.FederatedLoop` calls, in order::
     client: on_client_start(module, ctx)                  (after the loop loaded message["weights"])
             configure_client_optimizer(module, ctx)     -> local optimizer (may be closure-based, SAM)
             per local step:  local_step(module, optimizer, ctx, batch, closure)  (optimizer.step(closure))
-                             the closure: zero_grad, training_step (task loss + local_loss(...)),
+                             the closure: zero_grad, module.training_step (task loss), + local_loss(...),
                              backward, on_before_optimizer_step(module, optimizer, ctx), clipping
                              on_after_optimizer_step(module, optimizer, ctx)
             upload(module, ctx)                         -> payload (ctx.state persists)
@@ -45,9 +45,9 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.core.aggregation import Aggregator, StreamingMean
-from fl_lightning.core.round import sample_clients
 from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError
+from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient, shared_state
 
 if TYPE_CHECKING:
@@ -99,9 +99,10 @@ class Strategy(nn.Module):
         """The ``count`` clients that train in ``round`` (``count`` from participation/clients_per_round).
 
         Default: ``count`` distinct clients drawn uniformly by a generator seeded from ``(seed, round)``
-        (:func:`fl_lightning.core.round.sample_clients`), so a resumed run draws the same clients. An override
-        returns distinct ids in ``0..num_clients-1`` (any number, at least one; the loop sorts them) and
-        must be a function of its arguments and the strategy's state, identical on every process.
+        (:func:`~fl_lightning.functional.sampling.sample_clients`), so a resumed run draws the same
+        clients. An override returns distinct ids in ``0..num_clients-1`` (any number, at least one; the
+        loop sorts them) and must be a function of its arguments and the strategy's state, identical on
+        every process.
         """
         return sample_clients(num_clients, count, seed, round)
 
@@ -147,7 +148,12 @@ class Strategy(nn.Module):
         optimizer.step(closure)
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
-        """A term added to the task loss at every local step (proximal, dual, KD...); None for none."""
+        """A term added to the task loss at every local step (proximal, dual, KD...); None for none.
+
+        The local loop calls it after ``module.training_step(batch)``; ``outputs`` are the outputs that
+        step returned (``{"loss": ..., "outputs": ...}``), None when it returned a bare loss (or in the
+        corrections pass of a SAM step): compute what you need from ``batch`` then.
+        """
         return None
 
     def on_before_optimizer_step(

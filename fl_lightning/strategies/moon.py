@@ -64,7 +64,7 @@ class MOON(Strategy):
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
         if self.mu != 0 and previous_model(ctx.state) is not None:
-            ctx.scratch[_TAP] = FeatureTap(module, ctx)
+            FeatureTap(module, ctx.scratch, _TAP)
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
         tap: FeatureTap | None = ctx.scratch.get(_TAP)

@@ -77,15 +77,15 @@ def test_tap_gives_the_features_of_the_training_forward():
     module = make_module(MOON())
     worker = module.client
     ctx = ClientContext(0, 0, {}, {}, 1, 1, 0.1, MOON())
-    worker.fl = ctx
     x = torch.randn(5, 1, 8, 8)
-    tap = FeatureTap(worker, ctx)
+    tap = FeatureTap(worker, ctx.scratch, "tap")
+    assert ctx.scratch["tap"] is tap
     out = worker(x)
     recorded = tap.features_for(out)
     z, logits = features_of(worker, x)  # another forward: the first output's features are no longer recorded
     assert torch.equal(recorded, z) and torch.equal(out, logits)
     assert tap.features_for(out) is None
-    worker.fl = None
+    ctx.scratch.clear()  # what the loop does when a client's work ends
     worker(x)  # a stale tap removes itself
     assert not worker.net.classifier[2]._forward_hooks
 

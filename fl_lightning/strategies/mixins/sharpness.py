@@ -44,15 +44,20 @@ def check_sam_args(rho: float, clip_norm: float | None, rho_field: str = "rho") 
 
 @contextlib.contextmanager
 def _frozen_train_stats(module: nn.Module) -> Iterator[None]:
-    """Keep the client's running train statistics unchanged (they report the loss at ``w``, not ``w+e``)."""
+    """Keep the client's running train statistics and logged values unchanged (they report ``w``, not
+    ``w+e``)."""
     paused = getattr(module, "_train_paused", None)
     if paused is not None:
         module._train_paused = True
+    logs = getattr(module, "_local_logs", None)
+    logs = dict(logs) if logs is not None else None
     try:
         yield
     finally:
         if paused is not None:
             module._train_paused = paused
+        if logs is not None:
+            module._local_logs = logs
 
 
 class SharpnessAware:

@@ -205,6 +205,8 @@ class FedCOG(StrategyWrapper):
         task = getattr(module, "task", "multiclass")
         extra = kd.w_kd * kd_loss(module(xg).float(), teacher, task, self.temperature)
         if kd.w_c != 1.0:
+            if outputs is None:  # a training_step that does not return its outputs
+                outputs = module(x)
             extra = extra + (kd.w_c - 1.0) * module.task_loss(outputs, y)
         return extra if term is None else term + extra
 
