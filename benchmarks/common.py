@@ -14,11 +14,27 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch import Trainer
 from torch import nn
 
 from fl_lightning.core.local import _CLIENT_STREAM
 from fl_lightning.data import ClientData
 from fl_lightning.functional.tensor import derive_seed
+
+
+def bare_trainer(rounds: int, device: torch.device, **kwargs: object) -> Trainer:
+    """A Trainer that runs ``rounds`` rounds and nothing else: no validation, logger, checkpoint or bar."""
+    return Trainer(
+        max_steps=rounds,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        **kwargs,
+    )
 
 
 def sync(device: torch.device) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import hand_written_fedavg, sync
+from common import bare_trainer, hand_written_fedavg, sync
 from lightning.pytorch import Callback, Trainer
 
 from fl_lightning.core.client import ClientModule
@@ -105,18 +105,8 @@ def framework(
         client, strategy, local_steps=args.local_steps, eval_clients_every=0, compile=compile
     )
     timer = RoundTimer(device)
-    trainer = Trainer(
-        max_steps=args.rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        precision=precision,
-        callbacks=[timer],
-        default_root_dir=str(Path(args.root)),
+    trainer = bare_trainer(
+        args.rounds, device, precision=precision, callbacks=[timer], default_root_dir=str(Path(args.root))
     )
     trainer.fit(module, datamodule=dm)
     return timer.times

@@ -21,8 +21,7 @@ import time
 import warnings
 
 import torch
-from common import hand_written_fedavg
-from lightning.pytorch import Trainer
+from common import bare_trainer, hand_written_fedavg
 
 from fl_lightning.core.client import ClientModule
 from fl_lightning.core.module import FederatedModule
@@ -62,16 +61,7 @@ def framework(args: argparse.Namespace, dm: FederatedDataModule) -> tuple[float,
     start = time.perf_counter()
     client = ClientModule(initial_net(args), lr=args.lr, momentum=args.momentum)
     module = FederatedModule(client, FedAvg(), local_steps=args.local_steps, eval_clients_every=0)
-    trainer = Trainer(
-        max_steps=args.rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-    )
+    trainer = bare_trainer(args.rounds, torch.device("cpu"))
     trainer.fit(module, datamodule=dm)
     return time.perf_counter() - start, [r["time_s"] for r in module.history], module.client.net
 
