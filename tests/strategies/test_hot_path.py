@@ -152,7 +152,7 @@ def test_the_counter_sees_a_loop_over_tensors():
 
 
 def test_list_rules_equal_the_per_tensor_rules_bit_for_bit():
-    from fl_lightning import corrections as c
+    from fl_lightning.functional import corrections as c
     from fl_lightning.functional.sharpness import clip_grads_
 
     g = torch.Generator().manual_seed(0)
