@@ -4,7 +4,8 @@
 FedCM, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
 envelope's inner problem), ``distillation`` (FedCOG's generation and KD), ``representation`` (MOON,
 FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficients), ``cp`` (CP
-factorisation, AFM/ACT). Nothing here imports the rest of the package except ``errors``.
+factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping). Nothing here imports
+the rest of the package except ``errors``.
 """
 
 from __future__ import annotations
@@ -81,6 +82,15 @@ from fl_lightning.functional.representation import (
     previous_model,
     save_previous_model,
 )
+from fl_lightning.functional.robust import (
+    clip_norms,
+    coordinate_median,
+    krum,
+    krum_scores,
+    stack_flat,
+    trimmed_mean,
+    unflatten,
+)
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.sharpness import (
     clip_grads_,
@@ -117,9 +127,11 @@ __all__ = [
     "all_finite",
     "atom_conv2d",
     "clip_grads_",
+    "clip_norms",
     "complementary_counts",
     "compression_ratio",
     "conv_from_decomposed",
+    "coordinate_median",
     "cp_als",
     "cp_factor_grads",
     "cp_num_params",
@@ -155,6 +167,8 @@ __all__ = [
     "kd_loss",
     "kd_weights",
     "khatri_rao",
+    "krum",
+    "krum_scores",
     "label_counts",
     "largest_remainder",
     "last_linear",
@@ -182,9 +196,12 @@ __all__ = [
     "seed_rng",
     "shared_state",
     "squared_distance",
+    "stack_flat",
     "svd_atoms",
     "target_labels",
     "to_device",
     "trainable_parameters",
+    "trimmed_mean",
+    "unflatten",
     "unfold",
 ]

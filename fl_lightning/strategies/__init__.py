@@ -43,12 +43,14 @@ from fl_lightning.strategies.plugins.fast_slow import FastSlow
 from fl_lightning.strategies.plugins.fedcog import FedCOG
 from fl_lightning.strategies.plugins.finetune import FineTune
 from fl_lightning.strategies.plugins.personal_atoms import PersonalAtoms
+from fl_lightning.strategies.plugins.robust import Attack, Krum, Median, NormBounded, TrimmedMean
 from fl_lightning.strategies.scaffold import Scaffold
 from fl_lightning.strategies.tdpfed import TDPFed
 
 __all__ = [
     "MOON",
     "STRATEGIES",
+    "Attack",
     "ClientContext",
     "Ditto",
     "FastSlow",
@@ -69,9 +71,12 @@ __all__ = [
     "FedSMOO",
     "FedSpeed",
     "FineTune",
+    "Krum",
     "LGFedAvg",
     "Local",
+    "Median",
     "MoFedSAM",
+    "NormBounded",
     "PFedMe",
     "PersonalAtoms",
     "RoundInfo",
@@ -79,6 +84,7 @@ __all__ = [
     "Strategy",
     "StrategyWrapper",
     "TDPFed",
+    "TrimmedMean",
     "get_strategy",
     "list_strategies",
     "register_strategy",

@@ -1,4 +1,5 @@
-"""Plug-ins that wrap any strategy (``base=``): FedCOG, FastSlow, FineTune, PersonalAtoms.
+"""Plug-ins that wrap any strategy (``base=``): FedCOG, FastSlow, FineTune, PersonalAtoms,
+the robust aggregators (Median, TrimmedMean, Krum, NormBounded) and the Attack simulation.
 
 They are exported from :mod:`fl_lightning.strategies` as well (``class_path:
 fl_lightning.strategies.FedCOG``).
@@ -10,5 +11,16 @@ from fl_lightning.strategies.plugins.fast_slow import FastSlow
 from fl_lightning.strategies.plugins.fedcog import FedCOG
 from fl_lightning.strategies.plugins.finetune import FineTune
 from fl_lightning.strategies.plugins.personal_atoms import PersonalAtoms
+from fl_lightning.strategies.plugins.robust import Attack, Krum, Median, NormBounded, TrimmedMean
 
-__all__ = ["FastSlow", "FedCOG", "FineTune", "PersonalAtoms"]
+__all__ = [
+    "Attack",
+    "FastSlow",
+    "FedCOG",
+    "FineTune",
+    "Krum",
+    "Median",
+    "NormBounded",
+    "PersonalAtoms",
+    "TrimmedMean",
+]

@@ -1,0 +1,266 @@
+"""Byzantine-robust aggregation plug-ins (median, trimmed mean, Krum, norm bounding) and an attack simulation.
+
+The robust plug-ins wrap any strategy and replace the weighted mean of the ``"weights"`` group by a
+robust reduction of the client updates ``Delta_k = w_k - w^t`` (``w^t``: the weights the round's
+message carried), computed on the server from every upload kept by a
+:class:`~fl_lightning.core.aggregation.BufferedAggregator`; the aggregate handed to the base's
+``server_update`` is ``w^t + robust(Delta_1..Delta_K)``. Other payload groups (control variates, duals)
+keep the base's weighted mean. Compose with :class:`Attack`: ``Median(Attack(FedAvg(), fraction=0.4))``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.core.aggregation import BufferedAggregator, Entry
+from fl_lightning.core.types import ClientContext, Payload
+from fl_lightning.errors import ConfigError, RunError, check_number
+from fl_lightning.functional.robust import (
+    clip_norms,
+    coordinate_median,
+    krum,
+    stack_flat,
+    trimmed_mean,
+    unflatten,
+)
+from fl_lightning.functional.tensor import derive_seed, shared_state
+from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
+from fl_lightning.strategies.fedavg import FedAvg
+
+_ATTACK_STREAM = 0xA77AC
+
+
+class RobustAggregator(BufferedAggregator):
+    """Buffers the uploads; the ``"weights"`` group is reduced by the bound :class:`RobustWrapper`."""
+
+    def __init__(self, strategy: RobustWrapper) -> None:
+        super().__init__(strategy)
+        self.robust = strategy
+
+    def reduce(self, entries: list[Entry]) -> Payload:
+        rest = [(c, {g: ts for g, ts in p.items() if g != "weights"}, w) for c, p, w in entries]
+        means = super().reduce(rest)
+        uploads = [p["weights"] for _, p, _ in entries if "weights" in p]
+        if uploads:
+            names = list(uploads[0])
+            if any(set(u) != set(names) for u in uploads):
+                raise RunError("robust aggregation needs every client to upload the same weights entries")
+            reference = self.robust.reference()
+            ref = {n: reference[n] for n in names}
+            base = stack_flat([ref], names)[0]
+            deltas = stack_flat(uploads, names) - base
+            weights = torch.tensor(
+                [w["weights"] for _, p, w in entries if "weights" in p], device=deltas.device
+            )
+            means["weights"] = unflatten(base + self.robust.reduce_updates(deltas, weights), ref)
+        return means
+
+
+class RobustWrapper(StrategyWrapper):
+    """Base of the robust plug-ins: subclasses implement :meth:`reduce_updates` on stacked updates.
+
+    ``w^t`` is taken from the weights of the round's messages (recorded by :meth:`message`, no copy:
+    the global model is unchanged until the server update), or from the global model given to
+    :meth:`setup` on a process that sent no message this round.
+    """
+
+    def __init__(self, base: Strategy | None = None) -> None:
+        super().__init__(FedAvg() if base is None else base)
+        self._model: list[nn.Module] = []  # a list: not registered as a submodule
+        self._reference: dict[str, Tensor] | None = None
+
+    def setup(self, model: nn.Module, num_clients: int) -> None:
+        super().setup(model, num_clients)
+        self._model = [model]
+
+    def aggregator(self) -> RobustAggregator:
+        self._reference = None
+        return RobustAggregator(self)
+
+    def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
+        payload = self.base.message(model, client_id, round)
+        if self._reference is None and "weights" in payload:
+            self._reference = payload["weights"]
+        return payload
+
+    def reference(self) -> dict[str, Tensor]:
+        """``w^t``: the weights this round's messages carried."""
+        if self._reference is not None:
+            return self._reference
+        if not self._model:
+            raise RunError(f"{type(self).__name__} needs setup() or message() before aggregating")
+        return shared_state(self._model[0])
+
+    def reduce_updates(self, deltas: Tensor, weights: Tensor) -> Tensor:
+        """The robust aggregate ``(D,)`` of the ``(K, D)`` updates (``weights``: aggregation weights)."""
+        raise NotImplementedError
+
+
+@register_strategy
+class Median(RobustWrapper):
+    """Coordinate-wise median of the client updates (Yin et al., ICML 2018), unweighted.
+
+    Args:
+        base: The wrapped strategy (default FedAvg).
+    """
+
+    name = "median"
+
+    def reduce_updates(self, deltas: Tensor, weights: Tensor) -> Tensor:
+        return coordinate_median(deltas)
+
+
+@register_strategy
+class TrimmedMean(RobustWrapper):
+    """Coordinate-wise trimmed mean (Yin et al., ICML 2018): drop ``floor(beta K)`` values each side.
+
+    Args:
+        base: The wrapped strategy (default FedAvg).
+        beta: Fraction trimmed from each side, in ``[0, 0.5)``.
+    """
+
+    name = "trimmed_mean"
+
+    def __init__(self, base: Strategy | None = None, beta: float = 0.1) -> None:
+        super().__init__(base)
+        check_number(beta, "model.strategy.beta", low=0, high=0.5, high_open=True, hint="e.g. 0.1")
+        self.beta = beta
+
+    def reduce_updates(self, deltas: Tensor, weights: Tensor) -> Tensor:
+        if deltas.shape[0] - 2 * int(self.beta * deltas.shape[0]) < 1:
+            raise RunError(f"model.strategy.beta={self.beta} trims every one of {deltas.shape[0]} clients")
+        return trimmed_mean(deltas, self.beta)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}"
+
+
+@register_strategy
+class Krum(RobustWrapper):
+    """Krum / Multi-Krum (Blanchard et al., NeurIPS 2017): the mean of the ``m`` updates with lowest score.
+
+    A score is the sum of squared distances to the ``K - f - 2`` nearest other updates; each round needs
+    more than ``f + 2`` clients (the guarantee needs ``K > 2f + 2``).
+
+    Args:
+        base: The wrapped strategy (default FedAvg).
+        f: Number of Byzantine clients tolerated.
+        m: Updates averaged (1: Krum; more: Multi-Krum).
+    """
+
+    name = "krum"
+
+    def __init__(self, base: Strategy | None = None, f: int = 1, m: int = 1) -> None:
+        super().__init__(base)
+        check_number(f, "model.strategy.f", low=0, hint="(Byzantine clients tolerated per round)")
+        check_number(m, "model.strategy.m", low=1, hint="(1 is Krum, more is Multi-Krum)")
+        if int(f) != f or int(m) != m:
+            raise ConfigError(f"model.strategy.f={f} and model.strategy.m={m} must be whole numbers")
+        self.f, self.m = int(f), int(m)
+
+    def reduce_updates(self, deltas: Tensor, weights: Tensor) -> Tensor:
+        k = deltas.shape[0]
+        if k <= self.f + 2 or self.m > k:
+            raise RunError(
+                f"Krum with model.strategy.f={self.f}, m={self.m} needs more than {self.f + 2} and at least "
+                f"{self.m} clients per round, got {k}; raise clients_per_round or lower f/m"
+            )
+        return krum(deltas, self.f, self.m)[0]
+
+    def extra_repr(self) -> str:
+        return f"f={self.f}, m={self.m}"
+
+
+@register_strategy
+class NormBounded(RobustWrapper):
+    """Norm-bounded averaging (Sun et al., 2019): clip each ``Delta_k`` to norm ``max_norm``, then average.
+
+    Clipping is done on the server (a malicious client would skip its own); the clipped updates keep
+    the base's aggregation weights (``n_k`` for FedAvg).
+
+    Args:
+        base: The wrapped strategy (default FedAvg).
+        max_norm: The bound ``C`` on each client's update norm (over all its weights).
+    """
+
+    name = "norm_bounded"
+
+    def __init__(self, base: Strategy | None = None, max_norm: float = 1.0) -> None:
+        super().__init__(base)
+        check_number(max_norm, "model.strategy.max_norm", low=0, low_open=True, hint="e.g. 1.0")
+        self.max_norm = max_norm
+
+    def reduce_updates(self, deltas: Tensor, weights: Tensor) -> Tensor:
+        w = weights.to(deltas.dtype)
+        return (clip_norms(deltas, self.max_norm) * (w / w.sum()).unsqueeze(1)).sum(dim=0)
+
+    def extra_repr(self) -> str:
+        return f"max_norm={self.max_norm}"
+
+
+@register_strategy
+class Attack(StrategyWrapper):
+    """Attack simulation: a fixed fraction of clients upload manipulated weights.
+
+    The ``round(fraction * num_clients)`` malicious clients are drawn once per run from a generator
+    seeded by ``seed``; each replaces its update ``Delta_k = w_k - w^t`` (``w^t``: the weights it was
+    sent) by ``-scale * Delta_k`` (``"sign_flip"``) or ``scale * Delta_k`` (``"scale"``) in
+    :meth:`process_upload`, after the base's. Wrap it in a robust plug-in to test a defence.
+
+    Args:
+        base: The wrapped strategy (default FedAvg).
+        fraction: Fraction of all clients that are malicious, in ``[0, 1]``.
+        kind: ``"sign_flip"`` or ``"scale"``.
+        scale: The factor ``s`` (> 0).
+        seed: Seed of the choice of malicious clients.
+    """
+
+    name = "attack"
+
+    def __init__(
+        self,
+        base: Strategy | None = None,
+        fraction: float = 0.2,
+        kind: Literal["sign_flip", "scale"] = "sign_flip",
+        scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(FedAvg() if base is None else base)
+        check_number(fraction, "model.strategy.fraction", low=0, high=1, hint="(share of malicious clients)")
+        if kind not in ("sign_flip", "scale"):
+            raise ConfigError(f"model.strategy.kind={kind!r} must be 'sign_flip' or 'scale'")
+        check_number(scale, "model.strategy.scale", low=0, low_open=True, hint="e.g. 1.0 or 10")
+        check_number(seed, "model.strategy.seed", low=0, hint="e.g. 0")
+        self.fraction, self.kind, self.scale, self.seed = fraction, kind, scale, int(seed)
+        self.malicious: frozenset[int] = frozenset()
+
+    def setup(self, model: nn.Module, num_clients: int) -> None:
+        super().setup(model, num_clients)
+        self.malicious = malicious_clients(num_clients, self.fraction, self.seed)
+
+    def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
+        upload = self.base.process_upload(upload, ctx)
+        if ctx.client_id not in self.malicious or "weights" not in upload:
+            return upload
+        factor = -self.scale if self.kind == "sign_flip" else self.scale
+        sent = ctx.message.get("weights", {})
+        weights = {n: _attacked(t, sent[n], factor) if n in sent else t for n, t in upload["weights"].items()}
+        return {**upload, "weights": weights}
+
+    def extra_repr(self) -> str:
+        return f"fraction={self.fraction}, kind={self.kind}, scale={self.scale}"
+
+
+def _attacked(upload: Tensor, sent: Tensor, factor: float) -> Tensor:
+    sent = sent.to(upload.device, upload.dtype)
+    return sent + factor * (upload - sent)
+
+
+def malicious_clients(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
+    """The ``round(fraction * num_clients)`` malicious client ids, a seeded draw fixed for the run."""
+    count = round(fraction * num_clients)
+    generator = torch.Generator().manual_seed(derive_seed(seed, _ATTACK_STREAM))
+    return frozenset(torch.randperm(num_clients, generator=generator)[:count].tolist())
