@@ -30,7 +30,7 @@ def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def coordinate_median(updates: Tensor) -> Tensor:
-    """Coordinate-wise median (Yin et al., ICML 2018), unweighted; the mean of the two middle values for even K.
+    """Coordinate-wise median (Yin et al., ICML 2018), unweighted; for even K the mean of the middle two.
 
     Args:
         updates: ``(K, D)`` stacked updates.
@@ -77,7 +77,7 @@ def krum_scores(updates: Tensor, f: int) -> Tensor:
 
 
 def krum(updates: Tensor, f: int, m: int = 1) -> tuple[Tensor, Tensor]:
-    """Krum (``m=1``) and Multi-Krum (Blanchard et al., 2017, Sec. 5): the mean of the ``m`` best-scored updates.
+    """Krum (``m=1``) and Multi-Krum (Blanchard et al., 2017, Sec. 5): the mean of the ``m`` best scores.
 
     Returns:
         ``(aggregate (D,), selected row indices (m,))``; ties go to the lower index.

@@ -42,7 +42,7 @@ def test_trimmed_mean_drops_beta_k_each_side():
 def test_krum_scores_and_selection():
     # K=5, f=1: each score sums the K-f-2 = 2 smallest squared distances to the others
     x = torch.tensor([[0.0], [1.0], [2.0], [3.0], [10.0]])
-    # 0: {1,4,9,100} -> 1+4=5; 1: {1,1,4,81} -> 2; 2: {4,1,1,64} -> 2; 3: {9,4,1,49} -> 5; 4: {100,81,64,49} -> 113
+    # 0: {1,4,9,100} -> 5; 1: {1,1,4,81} -> 2; 2: {4,1,1,64} -> 2; 3: {9,4,1,49} -> 5; 4: 49+64 = 113
     assert torch.equal(krum_scores(x, 1), torch.tensor([5.0, 2.0, 2.0, 5.0, 113.0]))
     agg, sel = krum(x, 1)
     assert sel.tolist() == [1] and torch.equal(agg, torch.tensor([1.0]))  # tie 1/2: lower index
