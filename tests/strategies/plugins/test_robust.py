@@ -23,7 +23,7 @@ from fl_lightning.strategies.plugins.robust import malicious_clients
 from conftest import global_weights, make_data, make_module
 
 
-def _round(strategy, uploads, num_samples=None, extra=None):
+def _round(strategy, uploads, num_samples=None, extra=None, send=True):
     """One round of uploads ``w^t + Delta_k`` on ``nn.Linear(2, 1)`` with ``w^t`` all ones.
 
     ``uploads[k] = (a, b)``: ``Delta_k`` is ``[[a, 0]]`` on the weight and ``[b]`` on the bias.
@@ -34,7 +34,8 @@ def _round(strategy, uploads, num_samples=None, extra=None):
         model.bias.fill_(1.0)
     strategy.setup(model, len(uploads))
     agg = strategy.aggregator()
-    strategy.message(model, 0, 0)
+    if send:  # a process that trained no client this round sends no message
+        strategy.message(model, 0, 0)
     for k, (w, b) in enumerate(uploads):
         payload = {"weights": {"weight": torch.tensor([[w, 0.0]]) + 1, "bias": torch.tensor([b]) + 1}}
         if extra is not None:
@@ -59,6 +60,11 @@ def test_median_trimmed_mean_krum_on_hand_values():
         w, b = expected
         assert torch.allclose(means["weights"]["weight"], torch.tensor([[w, 0.0]]) + 1), strategy
         assert torch.allclose(means["weights"]["bias"], torch.tensor([b]) + 1), strategy
+
+
+def test_without_a_message_this_round_w_t_is_the_global_model_from_setup():
+    means = _round(Krum(FedAvg(), f=1), UPDATES, send=False)
+    assert torch.allclose(means["weights"]["weight"], torch.tensor([[3.0, 1.0]]))
 
 
 def test_norm_bounded_clips_updates_server_side_and_keeps_sample_weights():
