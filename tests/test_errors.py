@@ -25,6 +25,7 @@ CASES = [
     (FederatedDataModule, "eval_batch_size", [0, -1], "data.eval_batch_size"),
     (FederatedDataModule, "seed", [-1], "data.seed"),
     (S.FedAvg, "server_lr", [NAN, 0.0, -1.0, INF], "model.strategy.server_lr"),
+    (S.Ditto, "lam", [NAN, -1.0, INF], "model.strategy.lam"),
     (S.FedProx, "mu", [NAN, -1.0, INF], "model.strategy.mu"),
     (S.FedAdam, "eps", [NAN, 0.0], "model.strategy.eps"),
     (S.FedAdam, "betas", [(NAN, 0.9), (0.9, 1.0)], "model.strategy.betas"),

@@ -11,9 +11,10 @@ from torch.func import functional_call
 
 from fl_lightning.core.buffers import TensorBuffers
 from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import Payload, load_tensors, proximal_term, shared_state
 from fl_lightning.strategies.base import Strategy, register_strategy
+from fl_lightning.strategies.side import SideSGD
 
 #: Prefix of a client's personal model ``v_k`` in its state (not ``personal/``: it never replaces the
 #: received global model during training, only at evaluation).
@@ -73,8 +74,7 @@ class Ditto(Strategy):
 
     def __init__(self, lam: float = 0.75, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
-        if lam < 0:
-            raise ConfigError(f"model.strategy.lam={lam} must be >= 0 (Ditto's lambda; the paper uses 0.75)")
+        check_number(lam, "model.strategy.lam", low=0, hint="(Ditto's lambda; the paper uses 0.75)")
         self.lam = lam
         self.initial = TensorBuffers()
 
@@ -125,29 +125,20 @@ class Ditto(Strategy):
 
 
 class _Personal:
-    """A client's personal model ``v_k`` during one round and its optimizer."""
+    """A client's personal model ``v_k`` during one round, trained by :class:`SideSGD`."""
 
     def __init__(self, tensors: dict[str, Tensor]) -> None:
         self.tensors = tensors
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.steps = 0
+        self.sgd = SideSGD([t for t in tensors.values() if t.requires_grad])
+
+    @property
+    def steps(self) -> int:
+        return self.sgd.steps
 
     def step(
         self, module: nn.Module, batch: Any, reference: Mapping[str, Tensor], lam: float, lr: float
     ) -> None:
         """One SGD step on ``h_k(v; w^t)`` for the batch; leaves the global RNG as it was."""
-        if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(
-                [t for t in self.tensors.values() if t.requires_grad],
-                lr=lr,
-                momentum=getattr(module, "momentum", 0.0),
-                weight_decay=getattr(module, "weight_decay", 0.0),
-            )
-        device = batch[0].device
-        cuda = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            loss = ditto_objective(module, self.tensors, batch, reference, lam)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        self.optimizer.step()
-        self.steps += 1
+        self.sgd.step(
+            module, lr, batch[0].device, lambda: ditto_objective(module, self.tensors, batch, reference, lam)
+        )

@@ -16,6 +16,7 @@ from fl_lightning.functional.tensor import Payload, load_tensors
 from fl_lightning.models.decomposed import atom_names
 from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategies.side import SideSGD
 
 log = logging.getLogger(__name__)
 
@@ -111,30 +112,22 @@ class PersonalAtoms(StrategyWrapper):
 
 
 class _LocalAtoms:
-    """A client's local atoms during one round, trained with the received model held fixed."""
+    """A client's local atoms during one round, trained by :class:`SideSGD` with the received model
+    held fixed."""
 
     def __init__(self, received: dict[str, Tensor], atoms: dict[str, Tensor]) -> None:
         self.received = received
         self.atoms = atoms
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.steps = 0
+        self.sgd = SideSGD(list(atoms.values()))
+
+    @property
+    def steps(self) -> int:
+        return self.sgd.steps
 
     def step(self, module: nn.Module, batch: Any, lr: float) -> None:
         """One SGD step on ``F_k(alpha^t, D_l, theta_h^t)`` for the batch; leaves the global RNG as it was."""
-        if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(
-                list(self.atoms.values()),
-                lr=lr,
-                momentum=getattr(module, "momentum", 0.0),
-                weight_decay=getattr(module, "weight_decay", 0.0),
-            )
         x, y = batch
-        device = x.device
-        cuda = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            outputs = functional_call(module, {**self.received, **self.atoms}, (x,))
-            loss = module.task_loss(outputs, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        self.optimizer.step()
-        self.steps += 1
+        params = {**self.received, **self.atoms}
+        self.sgd.step(
+            module, lr, x.device, lambda: module.task_loss(functional_call(module, params, (x,)), y)
+        )
