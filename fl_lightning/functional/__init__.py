@@ -4,7 +4,9 @@
 FedCM, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
 envelope's inner problem), ``distillation`` (FedCOG's generation and KD), ``representation`` (MOON,
 FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficients), ``cp`` (CP
-factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping). Nothing here imports
+factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping),
+``synthetic`` (FedGen's generator and ensemble, FedReg's pseudo data and projections, VHL's virtual
+data and calibration). Nothing here imports
 the rest of the package except ``errors``.
 """
 
@@ -101,6 +103,17 @@ from fl_lightning.functional.sharpness import (
     restore,
     sam_offsets,
 )
+from fl_lightning.functional.synthetic import (
+    ensemble_logits,
+    generator_input,
+    label_weighted_heads,
+    projection_coefficient,
+    signed_gradient_steps,
+    soft_cross_entropy,
+    train_generator,
+    virtual_contrastive_loss,
+    virtual_dataset,
+)
 from fl_lightning.functional.tensor import (
     accumulate,
     all_finite,
@@ -143,6 +156,7 @@ __all__ = [
     "derive_seed",
     "disagreement_loss",
     "distribution",
+    "ensemble_logits",
     "fast_slow_ratio",
     "features_of",
     "fedcm_direction_",
@@ -158,6 +172,7 @@ __all__ = [
     "frozen_forward",
     "generate",
     "generation_loss",
+    "generator_input",
     "global_grad_norm",
     "global_norm",
     "gram_hadamard",
@@ -170,6 +185,7 @@ __all__ = [
     "krum",
     "krum_scores",
     "label_counts",
+    "label_weighted_heads",
     "largest_remainder",
     "last_linear",
     "linear_layer_names",
@@ -183,6 +199,7 @@ __all__ = [
     "personal_steps",
     "perturb",
     "previous_model",
+    "projection_coefficient",
     "proximal_term",
     "proximal_terms",
     "pseudo_gradient",
@@ -195,13 +212,18 @@ __all__ = [
     "scaffold_control_update",
     "seed_rng",
     "shared_state",
+    "signed_gradient_steps",
+    "soft_cross_entropy",
     "squared_distance",
     "stack_flat",
     "svd_atoms",
     "target_labels",
     "to_device",
+    "train_generator",
     "trainable_parameters",
     "trimmed_mean",
     "unflatten",
     "unfold",
+    "virtual_contrastive_loss",
+    "virtual_dataset",
 ]

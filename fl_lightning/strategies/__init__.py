@@ -28,8 +28,10 @@ from fl_lightning.strategies.feddecorr import FedDecorr
 from fl_lightning.strategies.feddyn import FedDyn
 from fl_lightning.strategies.fedexp import FedExP
 from fl_lightning.strategies.fedgamma import FedGamma
+from fl_lightning.strategies.fedgen import FedGen
 from fl_lightning.strategies.fedper import FedPer
 from fl_lightning.strategies.fedprox import FedProx
+from fl_lightning.strategies.fedreg import FedReg
 from fl_lightning.strategies.fedrep import FedRep
 from fl_lightning.strategies.fedsam import FedSAM
 from fl_lightning.strategies.fedsmoo import FedSMOO
@@ -46,10 +48,12 @@ from fl_lightning.strategies.plugins.personal_atoms import PersonalAtoms
 from fl_lightning.strategies.plugins.robust import Attack, Krum, Median, NormBounded, TrimmedMean
 from fl_lightning.strategies.scaffold import Scaffold
 from fl_lightning.strategies.tdpfed import TDPFed
+from fl_lightning.strategies.vhl import VHL
 
 __all__ = [
     "MOON",
     "STRATEGIES",
+    "VHL",
     "Attack",
     "ClientContext",
     "Ditto",
@@ -64,8 +68,10 @@ __all__ = [
     "FedDyn",
     "FedExP",
     "FedGamma",
+    "FedGen",
     "FedPer",
     "FedProx",
+    "FedReg",
     "FedRep",
     "FedSAM",
     "FedSMOO",
