@@ -28,6 +28,7 @@ from fl_lightning.strategies.feddecorr import FedDecorr
 from fl_lightning.strategies.feddyn import FedDyn
 from fl_lightning.strategies.fedexp import FedExP
 from fl_lightning.strategies.fedgamma import FedGamma
+from fl_lightning.strategies.fedpac import FedPAC
 from fl_lightning.strategies.fedper import FedPer
 from fl_lightning.strategies.fedprox import FedProx
 from fl_lightning.strategies.fedrep import FedRep
@@ -64,6 +65,7 @@ __all__ = [
     "FedDyn",
     "FedExP",
     "FedGamma",
+    "FedPAC",
     "FedPer",
     "FedProx",
     "FedRep",
