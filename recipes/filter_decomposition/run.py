@@ -85,10 +85,10 @@ def dense_file(setup: str) -> Path:
     column = column_of(setup)
     if setup.endswith("_cpu"):
         name = "smallcnn_digits" if column.startswith("tiny") else "lenet_digits"
+    elif column.startswith("tiny"):  # Table 1: pre-trained ResNet-18; Tables 2/3: the AlexNet-like CNN
+        name = "alexnet_tiny" if setup.startswith("personal") else "resnet18_tiny"
     else:
-        name = {"cifar10": "lenet_cifar10", "cifar100": "lenet_cifar100", "tiny": "resnet18_tiny"}[
-            column.split("_")[0]
-        ]
+        name = {"cifar10": "lenet_cifar10", "cifar100": "lenet_cifar100"}[column.split("_")[0]]
     return CONFIGS / "dense" / f"{name}.yaml"
 
 
@@ -142,6 +142,7 @@ def pct(value: float | None) -> str:
 
 
 def paper(values: list[float] | None, column: str) -> str:
+    column = {"tiny_1000_20": "tiny_20_20", "tiny_1000_50": "tiny_20_50"}.get(column, column)  # Tables 2/3
     return "-" if values is None or column not in COLUMNS else f"{values[COLUMNS.index(column)]:.2f}"
 
 
