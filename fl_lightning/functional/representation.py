@@ -122,13 +122,17 @@ class FeatureTap:
         module: The client module.
         scratch: Where the tap is kept while it is live (``ctx.scratch``).
         key: Its key in ``scratch``.
+        layer: The layer whose input is recorded (default: the module's last ``nn.Linear``; FedPAC taps
+            the first layer of a multi-layer head).
     """
 
-    def __init__(self, module: nn.Module, scratch: dict[str, Any], key: str) -> None:
+    def __init__(
+        self, module: nn.Module, scratch: dict[str, Any], key: str, layer: nn.Module | None = None
+    ) -> None:
         self.features: Tensor | None = None
         self.output: Tensor | None = None
         self._scratch, self._key = scratch, key
-        self._handle = last_linear(module).register_forward_hook(self._hook)
+        self._handle = (last_linear(module) if layer is None else layer).register_forward_hook(self._hook)
         scratch[key] = self
 
     def _hook(self, layer: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
@@ -148,17 +152,19 @@ class FeatureTap:
 
 
 def features_of(
-    module: nn.Module, x: Tensor, state: Mapping[str, Tensor] | None = None
+    module: nn.Module, x: Tensor, state: Mapping[str, Tensor] | None = None, layer: nn.Module | None = None
 ) -> tuple[Tensor, Tensor]:
     """Representation and logits of ``module`` on ``x``, optionally with the tensors ``state`` swapped in.
 
     Runs in the module's current train/eval mode and with autograd as the caller sets it.
 
     Returns:
-        ``(features, logits)``: the input of the last linear layer and the module's output.
+        ``(features, logits)``: the input of ``layer`` (default: the last linear layer) and the
+        module's output.
     """
     captured: list[Tensor] = []
-    handle = last_linear(module).register_forward_hook(lambda _m, inp, _out: captured.append(inp[0]))
+    tapped = last_linear(module) if layer is None else layer
+    handle = tapped.register_forward_hook(lambda _m, inp, _out: captured.append(inp[0]))
     try:
         logits = module(x) if state is None else functional_call(module, dict(state), (x,))
     finally:

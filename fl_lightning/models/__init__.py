@@ -8,6 +8,7 @@ Adding a model is adding a file and one import line here.
 
 from __future__ import annotations
 
+from fl_lightning.models.alexnet import AlexNetCNN
 from fl_lightning.models.cnn import MLP, SmallCNN
 from fl_lightning.models.cp import Tensorized
 from fl_lightning.models.decomposed import Decomposed
@@ -24,6 +25,7 @@ __all__ = [
     "MLP",
     "MODELS",
     "VGG8",
+    "AlexNetCNN",
     "Decomposed",
     "FedPara",
     "LeNet",

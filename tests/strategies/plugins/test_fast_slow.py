@@ -135,3 +135,48 @@ def test_slow_patterns_and_arguments():
         FastSlow(period=0)
     with pytest.raises(ConfigError, match="model.strategy.slow"):
         FastSlow(slow=[])
+
+
+def _per_round_ratio(strategy, net, dense_params, period):
+    """Average parameters sent per client and direction per round (whole model in sync rounds, the rest
+    in the others, as FastSlow selects them) over FedAvg's dense model, for ``period`` rounds."""
+    client = ClientModule(net, lr=0.1)
+    strategy.setup(client, 100)
+    state = client.state_dict()
+    full = sum(t.numel() for t in state.values())
+    slow = sum(state[n].numel() for n in strategy._slow)
+    sent = sum(full if strategy.is_sync(t) else full - slow for t in range(period))
+    return sent / (period * dense_params), sent / (period * full)
+
+
+def test_sec_6_4_beta_one_fifth_sends_a_fifth_of_fedavgs_bytes():
+    from fl_lightning.models import LeNet
+
+    def lenet():  # the CIFAR-100 LeNet of configs/filter_decomposition/communication_*.yaml
+        return LeNet(in_channels=3, num_classes=100, widths=(64, 128), hidden=(256, 128))
+
+    dense = sum(p.numel() for p in lenet().parameters())
+    assert dense == 1_075_044
+    vs_fedavg, vs_alg1 = _per_round_ratio(
+        FastSlow(period=5, fast=["atoms"]), Decomposed(lenet(), 9), dense, 5
+    )
+    assert vs_alg1 == pytest.approx(0.2 + 0.8 * 450 / 941_350) and 0.2 < vs_alg1 < 0.201
+    assert 0.17 < vs_fedavg < 0.18  # ~ beta, the paper's 500M vs 2,500M
+    # Algorithm 2 as printed (only the coefficients slow): the FC head dominates, far from beta
+    _, alg2 = _per_round_ratio(FastSlow(period=5), Decomposed(lenet(), 9), dense, 5)
+    assert alg2 == pytest.approx(fast_slow_ratio(slow=75_456, fast=941_350 - 75_456, period=5))
+    assert 0.93 < alg2 < 0.94
+
+
+def test_measured_bytes_of_sec_6_4_reading_follow_the_ratio(fit):
+    period = 5
+    module = _module(FastSlow(period=period, fast=["atoms"]))
+    fit(module, rounds=period, limit_val_batches=0)
+    state = module.client.state_dict()
+    full = 4 * sum(t.numel() for t in state.values())
+    atoms = 4 * sum(state[n].numel() for n in atom_names(module.client))
+    up = sum(r["bytes_up"] for r in module.history)
+    down = sum(r["bytes_down"] for r in module.history)
+    assert up == 4 * (full + (period - 1) * atoms)  # 4 clients: the whole model once per period
+    # down: the initial model, the sync round's aggregate once (round 1), atoms otherwise
+    assert down == 4 * (2 * full + (period - 2) * atoms)
