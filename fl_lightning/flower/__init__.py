@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from lightning_utilities.core.imports import RequirementCache
 
-#: The Flower release this package is written against (Message API: ``flwr.serverapp.strategy``).
-FLWR_REQUIREMENT = "flwr>=1.21"
+#: The Flower releases this package is tested with (Message API: ``flwr.serverapp.strategy``, 1.41).
+FLWR_REQUIREMENT = "flwr>=1.41"
 
 
 def require_flwr(requirement: str = FLWR_REQUIREMENT) -> None:

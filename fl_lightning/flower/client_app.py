@@ -78,7 +78,7 @@ def client_app(
         path = context.run_config.get(CONFIG_KEY, config)
         if path is None:
             raise ConfigError(
-                f"flower: no fl_lightning config; set [tool.flwr.app.config] {CONFIG_KEY} = \"<file>.yaml\""
+                f'flower: no fl_lightning config; set [tool.flwr.app.config] {CONFIG_KEY} = "<file>.yaml"'
             )
         return cached_federation(str(path), overrides, root)
 
@@ -134,7 +134,8 @@ def client_app(
         strategy.adapt(worker, data, state, fed.data.batch_size)
         metrics = fed.metrics()
         evaluate(worker, data.eval_batches(fed.data.eval_batch_size), metrics)
-        count = int(data.test_idx.numel()) or data.num_samples  # the training data stands in for no test split
+        # the training data stands in for a client without a test split
+        count = int(data.test_idx.numel()) or data.num_samples
         content = RecordDict(
             {METRICS: metrics_to_record(metrics.compute(), count), CONFIG: ConfigRecord({"client-id": cid})}
         )

@@ -79,12 +79,14 @@ def resolve_config(config: str | Path, root: str | Path | None = None) -> Path:
     if not path.is_file():
         raise ConfigError(
             f"flower: config {str(path)!r} is not a file; pass the YAML that `python -m fl_lightning fit "
-            "--config` takes (in a Flower app: [tool.flwr.app.config] config = \"<path in the app folder>\")"
+            '--config` takes (in a Flower app: [tool.flwr.app.config] config = "<path in the app folder>")'
         )
     return path
 
 
-def load_federation(config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None) -> Federation:
+def load_federation(
+    config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None
+) -> Federation:
     """Build the run of ``config`` (plus command-line style ``overrides``, e.g. ``--trainer.max_steps=3``).
 
     Seeds the process's global RNGs with the config's ``seed_everything`` first, as ``fit`` does, so
@@ -114,7 +116,11 @@ def load_federation(config: str | Path, overrides: Sequence[str] = (), root: str
     module.client.to(device)
     module.strategy.to(device)
     threads = module.threads_per_process
-    if threads is None and device.type == "cpu" and sum(p.numel() for p in module.client.parameters()) < _SMALL_MODEL:
+    if (
+        threads is None
+        and device.type == "cpu"
+        and sum(p.numel() for p in module.client.parameters()) < _SMALL_MODEL
+    ):
         threads = 1
     if threads is not None:
         torch.set_num_threads(threads)
@@ -125,7 +131,9 @@ def load_federation(config: str | Path, overrides: Sequence[str] = (), root: str
 _CACHE: dict[tuple[str, tuple[str, ...]], Federation] = {}
 
 
-def cached_federation(config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None) -> Federation:
+def cached_federation(
+    config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None
+) -> Federation:
     """:func:`load_federation`, built once per process for each (config, overrides).
 
     A Flower simulation runs many virtual nodes in a few worker processes: they share the model, data

@@ -61,7 +61,7 @@ def server_app(
         path = context.run_config.get(CONFIG_KEY, config)
         if path is None:
             raise ConfigError(
-                f"flower: no fl_lightning config; set [tool.flwr.app.config] {CONFIG_KEY} = \"<file>.yaml\""
+                f'flower: no fl_lightning config; set [tool.flwr.app.config] {CONFIG_KEY} = "<file>.yaml"'
             )
         fed = load_federation(str(path), overrides, root)
         rounds = num_rounds or int(context.run_config.get(ROUNDS_KEY, 0)) or fed.num_rounds

@@ -120,7 +120,9 @@ class FlowerStrategy(FlowerBase):
                 payload = {"weights": shared_state(self.model, exclude=personal)}
             cfg = ConfigRecord({**dict(config), "round": round_idx, "client-id": cid})
             content = RecordDict({**payload_to_records(payload), CONFIG: cfg})
-            out.append(Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round_idx)))
+            out.append(
+                Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round_idx))
+            )
         return out
 
     # ------------------------------------------------------------------------------ train
@@ -167,9 +169,15 @@ class FlowerStrategy(FlowerBase):
             failed[cid] = "no reply"
         for cid, reason in sorted(failed.items()):
             log.warning("round %d: client %d excluded from the aggregate: %s", round_idx, cid, reason)
-        record = {"round": float(round_idx), "clients": float(len(self.sampled)), "failed": float(len(failed))}
+        record = {
+            "round": float(round_idx),
+            "clients": float(len(self.sampled)),
+            "failed": float(len(failed)),
+        }
         if not info.aggregated:
-            log.warning("round %d skipped: no client's upload reached the server; global model unchanged", round_idx)
+            log.warning(
+                "round %d skipped: no client's upload reached the server; global model unchanged", round_idx
+            )
             self.history.append({**record, "skipped": 1.0})
             return None, MetricRecord(record)
         info.weight_totals = agg.weight_totals
@@ -200,7 +208,9 @@ class FlowerStrategy(FlowerBase):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The clients' metrics averaged with their test-split sizes as weights (``personal/*``)."""
-        contents = [RecordDict({METRICS: r.content.metric_records[METRICS]}) for r in replies if not r.has_error()]
+        contents = [
+            RecordDict({METRICS: r.content.metric_records[METRICS]}) for r in replies if not r.has_error()
+        ]
         if not contents:
             return None
         merged = aggregate_metricrecords(contents, NUM_EXAMPLES)

@@ -49,7 +49,9 @@ class LocalGrid:
         return replies
 
 
-def fit_weights(tmp_path: Path, config: Path = RECIPE, overrides: list[str] | None = None) -> dict[str, torch.Tensor]:
+def fit_weights(
+    tmp_path: Path, config: Path = RECIPE, overrides: list[str] | None = None
+) -> dict[str, torch.Tensor]:
     """The global model after ``python -m fl_lightning fit --config <config> <overrides>``."""
     cli = FederatedCLI(
         args=[

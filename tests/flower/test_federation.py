@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flower_helpers import RECIPE  # noqa: E402
+from flower_helpers import RECIPE
 
-from fl_lightning.errors import ConfigError  # noqa: E402
-from fl_lightning.flower import load_federation, require_flwr  # noqa: E402
-from fl_lightning.flower.federation import cached_federation  # noqa: E402
+from fl_lightning.errors import ConfigError
+from fl_lightning.flower import load_federation, require_flwr
+from fl_lightning.flower.federation import cached_federation
 
 
 def test_a_missing_config_is_one_line(tmp_path):

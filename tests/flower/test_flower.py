@@ -1,4 +1,4 @@
-"""A Flower simulation (``flwr.simulation.run_simulation``, Ray) of the recipe app equals fl_lightning's ``fit``.
+"""A Flower simulation (``flwr.simulation.run_simulation``, Ray) of the recipe equals fl_lightning's ``fit``.
 
 Ray's start and its worker processes' imports take most of the time (~25-50 s per run on 2 busy cores).
 """
@@ -13,10 +13,10 @@ pytest.importorskip("flwr")
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Flower's simulation needs ray: pip install 'fl_lightning[flwr]'", allow_module_level=True)
 
-from flower_helpers import RECIPE, SCAFFOLD, fit_weights, max_diff  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+from flower_helpers import RECIPE, SCAFFOLD, fit_weights, max_diff
+from flwr.simulation import run_simulation
 
-from fl_lightning.flower import client_app, server_app  # noqa: E402
+from fl_lightning.flower import client_app, server_app
 
 #: One CPU per virtual client, as many SuperNodes as fl_lightning clients (the recipe has 4).
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}}

@@ -6,15 +6,15 @@ import pytest
 
 pytest.importorskip("flwr")
 
-import torch  # noqa: E402
-from flower_helpers import RECIPE, SCAFFOLD, LocalGrid, fit_weights, max_diff  # noqa: E402
-from flwr.app import MessageType  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import torch
+from flower_helpers import RECIPE, SCAFFOLD, LocalGrid, fit_weights, max_diff
+from flwr.app import MessageType
+from flwr.supercore.task_identity import TaskIdentity
 
-from fl_lightning.errors import ConfigError  # noqa: E402
-from fl_lightning.flower import FlowerStrategy, client_app, load_federation  # noqa: E402
-from fl_lightning.flower.records import CLIENT_STATE, CONFIG  # noqa: E402
-from fl_lightning.functional.sampling import sample_clients  # noqa: E402
+from fl_lightning.errors import ConfigError
+from fl_lightning.flower import FlowerStrategy, client_app, load_federation
+from fl_lightning.flower.records import CLIENT_STATE, CONFIG
+from fl_lightning.functional.sampling import sample_clients
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,11 @@ def test_flower_rounds_equal_fit(tmp_path, overrides):
     strategy, grid = _run(overrides)
     assert max_diff(dict(strategy.model.state_dict()), fit_weights(tmp_path, overrides=overrides)) <= 1e-5
     # the round's clients are fl_lightning's sampling with the run's seed (Flower's rounds start at 1)
-    trained = [int(m.content.config_records[CONFIG]["client-id"]) for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    trained = [
+        int(m.content.config_records[CONFIG]["client-id"])
+        for m in grid.sent
+        if m.metadata.message_type == MessageType.TRAIN
+    ]
     assert trained == [c for r in range(3) for c in sample_clients(4, 2, 0, r)]
     assert [h["failed"] for h in strategy.history] == [0.0, 0.0, 0.0]
     assert all("train/loss" in h for h in strategy.history)

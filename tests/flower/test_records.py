@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-import torch  # noqa: E402
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict  # noqa: E402
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_lightning.flower.records import (  # noqa: E402
+from fl_lightning.flower.records import (
     CLIENT_STATE,
     NUM_EXAMPLES,
     PAYLOAD,
@@ -27,7 +27,10 @@ from fl_lightning.flower.records import (  # noqa: E402
 def _payload():
     g = torch.Generator().manual_seed(0)
     return {
-        "weights": {"net.0.weight": torch.randn(3, 4, generator=g), "net.0.bias": torch.randn(3, generator=g)},
+        "weights": {
+            "net.0.weight": torch.randn(3, 4, generator=g),
+            "net.0.bias": torch.randn(3, generator=g),
+        },
         "control": {"net.0.weight": torch.randn(3, 4, generator=g).double()},
     }
 
