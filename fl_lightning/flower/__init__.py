@@ -13,6 +13,9 @@ See README.md, "Deployment with Flower".
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from lightning_utilities.core.imports import RequirementCache
 
 #: The Flower releases this package is tested with (Message API: ``flwr.serverapp.strategy``, 1.41).
@@ -28,12 +31,24 @@ def require_flwr(requirement: str = FLWR_REQUIREMENT) -> None:
         )
 
 
-require_flwr()
+#: Public names and the submodule that defines them (imported on first use, after :func:`require_flwr`,
+#: so ``python -m fl_lightning.flower`` without Flower prints one line instead of a traceback).
+_EXPORTS = {
+    "client_app": "client_app",
+    "Federation": "federation",
+    "load_federation": "federation",
+    "server_app": "server_app",
+    "FlowerStrategy": "strategy",
+}
 
-from fl_lightning.flower.client_app import client_app  # noqa: E402
-from fl_lightning.flower.federation import Federation, load_federation  # noqa: E402
-from fl_lightning.flower.server_app import server_app  # noqa: E402
-from fl_lightning.flower.strategy import FlowerStrategy  # noqa: E402
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    require_flwr()
+    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+    return getattr(module, name)
+
 
 __all__ = [
     "FLWR_REQUIREMENT",
