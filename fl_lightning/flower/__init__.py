@@ -13,7 +13,6 @@ See README.md, "Deployment with Flower".
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from lightning_utilities.core.imports import RequirementCache
@@ -31,23 +30,18 @@ def require_flwr(requirement: str = FLWR_REQUIREMENT) -> None:
         )
 
 
-#: Public names and the submodule that defines them (imported on first use, after :func:`require_flwr`,
-#: so ``python -m fl_lightning.flower`` without Flower prints one line instead of a traceback).
-_EXPORTS = {
-    "client_app": "client_app",
-    "Federation": "federation",
-    "load_federation": "federation",
-    "server_app": "server_app",
-    "FlowerStrategy": "strategy",
-}
+if RequirementCache(FLWR_REQUIREMENT):
+    from fl_lightning.flower.client_app import client_app
+    from fl_lightning.flower.federation import Federation, load_federation
+    from fl_lightning.flower.server_app import server_app
+    from fl_lightning.flower.strategy import FlowerStrategy
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    require_flwr()
-    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-    return getattr(module, name)
+    """Without Flower, the apps are one-line errors (so ``python -m fl_lightning.flower`` prints one line)."""
+    if name in ("client_app", "Federation", "load_federation", "server_app", "FlowerStrategy"):
+        require_flwr()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
