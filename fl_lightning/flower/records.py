@@ -1,0 +1,90 @@
+"""fl_lightning payloads as Flower records, and back.
+
+A message's content is a Flower ``RecordDict``; fl_lightning's payloads (``{group: {name: tensor}}``,
+e.g. SCAFFOLD's ``{"weights": ..., "control": ...}``) travel in it as one ``ArrayRecord`` per group under
+``payload.<group>``, next to a ``ConfigRecord`` ``fl.config`` (round, client id) and, in a reply, a
+``MetricRecord`` ``fl.metrics`` (the client's metrics and ``num-examples``, its aggregation weight) and an
+``ArrayRecord`` ``fl.train_state`` (its training-metric states, merged by state on the server).
+A client's persistent state (``ctx.state``: SCAFFOLD's ``c_i``, personal layers) is kept between rounds
+in the node's ``context.state`` as the ``ArrayRecord`` ``fl.client_state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import Tensor
+
+from fl_lightning.core.types import Payload, TrainState
+
+#: Prefix of the ``ArrayRecord`` of one payload group in a message's ``RecordDict``.
+PAYLOAD = "payload."
+#: ``ConfigRecord`` of a message: ``round`` (0-based, fl_lightning's), ``client-id``.
+CONFIG = "fl.config"
+#: ``MetricRecord`` of a reply: the client's metrics and ``num-examples``.
+METRICS = "fl.metrics"
+#: ``ArrayRecord`` of a train reply: the training-metric states (``<metric>/<state>``).
+TRAIN_STATE = "fl.train_state"
+#: ``ArrayRecord`` in the node's ``context.state``: the client's persistent state.
+CLIENT_STATE = "fl.client_state"
+#: ``MetricRecord`` key of a reply's aggregation weight (Flower's convention).
+NUM_EXAMPLES = "num-examples"
+
+
+def tensors_to_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:
+    """Named tensors as an ``ArrayRecord`` (host copies; names and order kept)."""
+    return ArrayRecord.from_torch_state_dict({n: t.detach() for n, t in tensors.items()})
+
+
+def record_to_tensors(record: ArrayRecord, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+    """An ``ArrayRecord`` as named tensors on ``device`` (fresh, writable memory)."""
+    return {n: torch.from_numpy(a.numpy().copy()).to(device) for n, a in record.items()}
+
+
+def payload_to_records(payload: Payload) -> dict[str, ArrayRecord]:
+    """One ``ArrayRecord`` per payload group, keyed ``payload.<group>``."""
+    return {PAYLOAD + group: tensors_to_record(tensors) for group, tensors in payload.items()}
+
+
+def records_to_payload(content: RecordDict, device: torch.device | str = "cpu") -> Payload:
+    """The payload carried by a message's ``RecordDict`` (its ``payload.<group>`` records)."""
+    return {
+        key[len(PAYLOAD) :]: record_to_tensors(record, device)
+        for key, record in content.array_records.items()
+        if key.startswith(PAYLOAD)
+    }
+
+
+def train_state_to_record(state: TrainState) -> ArrayRecord:
+    """Training-metric states ``{metric: {state: tensor}}`` as one ``ArrayRecord`` (``metric/state``)."""
+    return tensors_to_record({f"{m}/{s}": t for m, states in state.items() for s, t in states.items()})
+
+
+def record_to_train_state(record: ArrayRecord) -> TrainState:
+    """Inverse of :func:`train_state_to_record`."""
+    state: TrainState = {}
+    for key, tensor in record_to_tensors(record).items():
+        metric, _, name = key.rpartition("/")
+        state.setdefault(metric, {})[name] = tensor
+    return state
+
+
+def metrics_to_record(metrics: Mapping[str, float], num_examples: int) -> MetricRecord:
+    """A client's scalar metrics and its aggregation weight as a ``MetricRecord``."""
+    return MetricRecord({**{k: float(v) for k, v in metrics.items()}, NUM_EXAMPLES: int(num_examples)})
+
+
+def save_client_state(store: RecordDict, state: Mapping[str, Tensor]) -> None:
+    """Keep a client's state in the node's ``context.state`` (an empty state removes it)."""
+    if state:
+        store[CLIENT_STATE] = tensors_to_record(state)
+    elif CLIENT_STATE in store:
+        del store[CLIENT_STATE]
+
+
+def load_client_state(store: RecordDict) -> dict[str, Tensor]:
+    """The client's state kept by :func:`save_client_state` (empty before its first round)."""
+    record = store.array_records.get(CLIENT_STATE)
+    return {} if record is None else record_to_tensors(record)

@@ -1,0 +1,41 @@
+"""A Flower simulation (``flwr.simulation.run_simulation``, Ray) of the recipe equals fl_lightning's ``fit``.
+
+Ray's start and its worker processes' imports take most of the time (~25-50 s per run on 2 busy cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytest.importorskip("flwr")
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Flower's simulation needs ray: pip install 'fl_lightning[flwr]'", allow_module_level=True)
+
+from flower_helpers import RECIPE, SCAFFOLD, fit_weights, max_diff
+from flwr.simulation import run_simulation
+
+from fl_lightning.flower import client_app, server_app
+
+#: One CPU per virtual client, as many SuperNodes as fl_lightning clients (the recipe has 4).
+BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [[], SCAFFOLD], ids=["fedavg", "scaffold"])
+def test_flower_simulation_equals_fit(tmp_path, overrides):
+    out = {}
+
+    def keep(strategy, result):
+        out["weights"] = {k: v.detach().clone() for k, v in strategy.model.state_dict().items()}
+        out["history"] = strategy.history
+
+    run_simulation(
+        server_app(RECIPE, overrides, on_end=keep),
+        client_app(RECIPE, overrides),
+        num_supernodes=4,
+        backend_config=BACKEND,
+    )
+    assert [h["failed"] for h in out["history"]] == [0.0, 0.0, 0.0]
+    assert max_diff(out["weights"], fit_weights(tmp_path, overrides=overrides)) <= 1e-5

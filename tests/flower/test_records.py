@@ -1,0 +1,92 @@
+"""fl_lightning payloads, client states and metrics as Flower records, and back."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("flwr")
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fl_lightning.flower.records import (
+    CLIENT_STATE,
+    NUM_EXAMPLES,
+    PAYLOAD,
+    load_client_state,
+    metrics_to_record,
+    payload_to_records,
+    record_to_train_state,
+    records_to_payload,
+    save_client_state,
+    tensors_to_record,
+    train_state_to_record,
+)
+
+
+def _payload():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "weights": {
+            "net.0.weight": torch.randn(3, 4, generator=g),
+            "net.0.bias": torch.randn(3, generator=g),
+        },
+        "control": {"net.0.weight": torch.randn(3, 4, generator=g).double()},
+    }
+
+
+def test_a_payload_round_trips_through_a_record_dict():
+    payload = _payload()
+    records = payload_to_records(payload)
+    assert set(records) == {PAYLOAD + "weights", PAYLOAD + "control"}
+    assert all(isinstance(r, ArrayRecord) for r in records.values())
+    content = RecordDict({**records, "fl.config": ConfigRecord({"round": 0})})
+    back = records_to_payload(content)
+    assert back.keys() == payload.keys()
+    for group, tensors in payload.items():
+        assert list(back[group]) == list(tensors)  # names and their order kept
+        for name, t in tensors.items():
+            assert back[group][name].dtype == t.dtype and back[group][name].shape == t.shape
+            assert torch.equal(back[group][name], t)
+
+
+def test_received_tensors_are_writable_copies():
+    t = torch.arange(6.0).reshape(2, 3)
+    back = records_to_payload(RecordDict(payload_to_records({"weights": {"w": t}})))["weights"]["w"]
+    back.add_(1)  # a read-only numpy buffer would warn or fail here; the original is untouched
+    assert torch.equal(t, torch.arange(6.0).reshape(2, 3))
+
+
+def test_only_payload_records_are_read_as_payload():
+    content = RecordDict({"other": tensors_to_record({"x": torch.ones(1)}), **payload_to_records(_payload())})
+    assert set(records_to_payload(content)) == {"weights", "control"}
+
+
+def test_train_state_round_trips():
+    state = {
+        "train_loss": {"mean_value": torch.tensor(3.5), "weight": torch.tensor(7.0)},
+        "train_acc": {"mean_value": torch.tensor(2.0), "weight": torch.tensor(7.0)},
+    }
+    back = record_to_train_state(train_state_to_record(state))
+    assert back.keys() == state.keys()
+    for k in state:
+        assert back[k].keys() == state[k].keys()
+        assert all(torch.equal(back[k][s], state[k][s]) for s in state[k])
+
+
+def test_client_state_is_kept_in_the_context_state_and_removed_when_empty():
+    store = RecordDict()
+    assert load_client_state(store) == {}
+    state = {"control/w": torch.randn(2, 2), "personal/head.bias": torch.zeros(3)}
+    save_client_state(store, state)
+    assert isinstance(store[CLIENT_STATE], ArrayRecord)
+    back = load_client_state(store)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    save_client_state(store, {})
+    assert CLIENT_STATE not in store
+
+
+def test_metrics_record_carries_the_aggregation_weight():
+    record = metrics_to_record({"train_loss": 0.5, "local_acc": 1}, 42)
+    assert isinstance(record, MetricRecord)
+    assert record[NUM_EXAMPLES] == 42 and isinstance(record["local_acc"], float)
