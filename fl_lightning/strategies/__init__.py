@@ -39,6 +39,7 @@ from fl_lightning.strategies.local import Local
 from fl_lightning.strategies.mofedsam import MoFedSAM
 from fl_lightning.strategies.moon import MOON
 from fl_lightning.strategies.pfedme import PFedMe
+from fl_lightning.strategies.plugins.dp import DP
 from fl_lightning.strategies.plugins.fast_slow import FastSlow
 from fl_lightning.strategies.plugins.fedcog import FedCOG
 from fl_lightning.strategies.plugins.finetune import FineTune
@@ -48,6 +49,7 @@ from fl_lightning.strategies.scaffold import Scaffold
 from fl_lightning.strategies.tdpfed import TDPFed
 
 __all__ = [
+    "DP",
     "MOON",
     "STRATEGIES",
     "Attack",
