@@ -160,6 +160,7 @@ class DP(StrategyWrapper):
         self._count = 0
         self._metrics: dict[str, float] = {}
         self._warned: set[str] = set()
+        self._epsilons: dict[tuple, float] = {}
 
     # ------------------------------------------------------------------------------------ state
     def setup(self, model: nn.Module, num_clients: int) -> None:
@@ -207,7 +208,12 @@ class DP(StrategyWrapper):
         history = self.history
         if extra_rounds:
             history = add_step(history, self.noise_multiplier, self._rate(), extra_rounds)
-        return epsilon_spent(history, self.delta_value, self.accountant)
+        key = (tuple(history), self.delta_value)
+        if key not in self._epsilons:  # the budget check computes next round's value one round early
+            if len(self._epsilons) >= 4:
+                self._epsilons.clear()
+            self._epsilons[key] = epsilon_spent(history, self.delta_value, self.accountant)
+        return self._epsilons[key]
 
     def _rate(self) -> float:
         return self._count / max(self.num_clients, 1)
@@ -268,7 +274,7 @@ class DP(StrategyWrapper):
         means["weights"] = dict(zip(names, noised))
         if self.noise_multiplier > 0:
             self.history = add_step(self.history, self.noise_multiplier, n / max(info.num_clients, 1))
-            metrics["privacy/epsilon"] = epsilon_spent(self.history, self.delta_value, self.accountant)
+            metrics["privacy/epsilon"] = self.epsilon()
             metrics["privacy/delta"] = self.delta_value
         metrics["privacy/clip_norm"] = clip
         metrics["privacy/noise_std"] = z_update * clip / n
