@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -352,4 +353,49 @@ def test_fit_with_dp_writes_epsilon_to_summary_and_tensorboard(tmp_path):
     assert epsilons[2].value == pytest.approx(summary["privacy/epsilon"], rel=1e-5)
     assert {"privacy/clip_norm", "privacy/noise_std", "privacy/unclipped_fraction"} <= set(
         events.Tags()["scalars"]
+    )
+
+
+@pytest.mark.slow
+def test_two_processes_add_the_same_noise_once(tmp_path):
+    """Under DDP the noise is drawn once on the all-reduced aggregate, the same on both processes."""
+    args = [
+        "fit",
+        "--trainer.accelerator=cpu",
+        "--trainer.max_steps=3",
+        "--trainer.enable_progress_bar=false",
+        "--data.num_clients=6",
+        "--model.participation=0.5",
+        "--model.local_steps=3",
+        "--model.eval_clients_every=0",
+        "--model.strategy=DP",
+        "--model.strategy.noise_multiplier=1.0",
+        "--model.strategy.clip_norm=0.5",
+        "--model.strategy.clipping=adaptive",
+        "--model.strategy.clipped_count_stddev=1.0",
+    ]
+    runs = {}
+    for devices in (1, 2):
+        root = tmp_path / str(devices)
+        root.mkdir()
+        if devices == 1:
+            main([*args, f"--trainer.default_root_dir={root}"])
+        else:
+            cmd = [
+                sys.executable,
+                "-m",
+                "fl_lightning",
+                *args,
+                f"--trainer.default_root_dir={root}",
+                "--trainer.devices=2",
+            ]
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        ckpt = next((root / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+        runs[devices] = torch.load(ckpt, weights_only=True)
+    one, two = runs[1], runs[2]
+    for k, v in one["state_dict"].items():
+        torch.testing.assert_close(v, two["state_dict"][k], rtol=0, atol=1e-5)
+    assert one["fl_lightning"]["history"][-1]["strategy"] == pytest.approx(
+        two["fl_lightning"]["history"][-1]["strategy"]
     )
