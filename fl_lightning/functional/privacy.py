@@ -57,12 +57,13 @@ def clip_update(
     tensor together. Returns the clipped tensors (new tensors, dtypes of ``upload``) and ``||Delta||``
     before clipping.
     """
+    if not upload:
+        return [], torch.zeros(())
     ys = [t.float() for t in upload]
     xs = [r.to(t.device, torch.float32) for r, t in zip(reference, upload)]
     deltas = torch._foreach_sub(ys, xs)
     norm = global_norm(deltas)
-    factor = clip_factor(norm, max_norm)
-    torch._foreach_mul_(deltas, factor.to(deltas[0].device) if deltas else factor)
+    torch._foreach_mul_(deltas, clip_factor(norm, max_norm).to(deltas[0].device))
     torch._foreach_add_(deltas, xs)
     return [d.to(t.dtype) for d, t in zip(deltas, upload)], norm
 

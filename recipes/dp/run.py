@@ -23,10 +23,13 @@ S = "--model.strategy.init_args."
 #: name -> (label, overrides of the config)
 ROWS: dict[str, tuple[str, list[str]]] = {
     "nodp": ("no DP (z = 0, no clipping)", [f"{S}noise_multiplier=0", f"{S}clip_norm=1e6"]),
-    "clip": ("clipping only (z = 0, C = 0.5)", [f"{S}noise_multiplier=0", f"{S}clip_norm=0.5"]),
-    "z0.5": ("DP, z = 0.5, C = 0.5", [f"{S}noise_multiplier=0.5", f"{S}clip_norm=0.5"]),
-    "z1": ("DP, z = 1, C = 0.5", [f"{S}noise_multiplier=1.0", f"{S}clip_norm=0.5"]),
-    "z2": ("DP, z = 2, C = 0.5", [f"{S}noise_multiplier=2.0", f"{S}clip_norm=0.5"]),
+    "clip": (
+        "clipping only (z = 0, adaptive C from 0.1, median)",
+        [f"{S}noise_multiplier=0", f"{S}clip_norm=0.1", f"{S}clipping=adaptive"],
+    ),
+    "z0.5": ("DP, z = 0.5, C = 1", [f"{S}noise_multiplier=0.5"]),
+    "z1": ("DP, z = 1, C = 1", [f"{S}noise_multiplier=1.0"]),
+    "z2": ("DP, z = 2, C = 1", [f"{S}noise_multiplier=2.0"]),
     "z1_adaptive": (
         "DP, z = 1, adaptive C (from 0.1, median)",
         [f"{S}noise_multiplier=1.0", f"{S}clip_norm=0.1", f"{S}clipping=adaptive"],

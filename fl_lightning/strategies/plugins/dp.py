@@ -114,12 +114,12 @@ class DP(StrategyWrapper):
             raise ConfigError(f"model.strategy.clipping={clipping!r} must be 'fixed' or 'adaptive'")
         check_number(target_quantile, "model.strategy.target_quantile", low=0, high=1, hint="e.g. 0.5")
         check_number(clip_lr, "model.strategy.clip_lr", low=0, low_open=True, hint="e.g. 0.2")
-        if clipped_count_stddev is not None:
+        if clipped_count_stddev is not None:  # only adaptive clipping uses it; there it must exceed z / 2
             check_number(
                 clipped_count_stddev,
                 "model.strategy.clipped_count_stddev",
-                low=noise_multiplier / 2,
-                low_open=True,
+                low=noise_multiplier / 2 if clipping == "adaptive" else 0,
+                low_open=clipping == "adaptive",
                 hint="(must exceed noise_multiplier / 2; or null: clients per round / 20)",
             )
         if accountant not in ACCOUNTANTS:
@@ -232,10 +232,16 @@ class DP(StrategyWrapper):
 
     def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
         upload = self.base.process_upload(upload, ctx)
-        if "weights" not in upload:
+        if not upload.get("weights"):
             return upload
         sent = ctx.message.get("weights", {})
-        names = [n for n in upload["weights"] if n in sent]
+        names = list(upload["weights"])
+        unsent = [n for n in names if n not in sent]
+        if unsent:  # an update needs the weights it started from, or its norm is unbounded
+            raise RunError(
+                f"DP: {type(self.base).__name__} uploads weights the message did not carry ({unsent[:3]}); "
+                "DP clips the update against the sent weights"
+            )
         clip = float(ctx.message[GROUP]["clip_norm"]) if GROUP in ctx.message else self.current_clip
         clipped, norm = clip_update([upload["weights"][n] for n in names], [sent[n] for n in names], clip)
         out = {**upload, "weights": {**upload["weights"], **dict(zip(names, clipped))}}
@@ -247,7 +253,7 @@ class DP(StrategyWrapper):
     def process_aggregate(self, means: Payload, info: RoundInfo) -> Payload:
         means = dict(means)
         counts = means.pop(GROUP, {})
-        if "weights" not in means:
+        if not means.get("weights"):
             return self.base.process_aggregate(means, info)
         self._warn_unprotected(means)
         n = len(info.sampled)

@@ -288,7 +288,11 @@ def test_resume_is_exact_with_adaptive_clipping(tmp_path):
             {"target_epsilon": 1.0, "noise_multiplier": 0.0},
             "model.strategy.target_epsilon needs model.strategy",
         ),
-        ({"clipped_count_stddev": 0.4}, "model.strategy.clipped_count_stddev=0.4 must be > 0.5"),
+        (
+            {"clipped_count_stddev": 0.4, "clipping": "adaptive"},
+            "model.strategy.clipped_count_stddev=0.4 must be > 0.5",
+        ),
+        ({"clipped_count_stddev": -1.0}, "model.strategy.clipped_count_stddev=-1.0 must be >= 0"),
     ],
 )
 def test_bad_values_are_one_line_config_errors(kwargs, message):
