@@ -17,7 +17,7 @@ from fl_lightning.core.checkpoint import LastRoundCheckpoint
 from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.functional.privacy import global_norm
-from fl_lightning.strategies import DP, FedAvg, Median, Scaffold
+from fl_lightning.strategies import DP, FedAvg, Median, Scaffold, get_strategy
 
 from conftest import global_weights, make_data, make_module, make_trainer
 
@@ -325,6 +325,16 @@ def test_other_upload_groups_are_named_in_a_warning(caplog):
 
 
 # ---------------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("base", ["FedProx", "Scaffold", "FedAdam", "FedPer", "Local"])
+def test_dp_wraps_mean_aggregating_strategies(base, fit):
+    module = make_module(DP(get_strategy(base), noise_multiplier=0.5, clip_norm=0.5), clients_per_round=2)
+    fit(module, rounds=2)
+    assert all(torch.isfinite(v).all() for v in module.client.state_dict().values())
+    assert [r["failed"] for r in module.history] == [0, 0]
+    if base != "Local":  # Local uploads nothing: nothing released, nothing accounted
+        assert module.history[-1]["strategy"]["privacy/epsilon"] > 0
+
+
 def test_fit_with_dp_writes_epsilon_to_summary_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
