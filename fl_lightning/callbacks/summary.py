@@ -21,9 +21,11 @@ class FederatedSummary(Callback):
     Reports rounds, best and final global accuracy (O-F1 for multilabel tasks, which have no
     accuracy), the spread of the same metric per client for the deployed (global or personalised)
     model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
-    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), and
-    ``global_split``: the split the global numbers are on (``"validation"`` with
-    ``data.val_fraction > 0``, else ``"test"``; evaluate a checkpoint on the test set with ``test``).
+    ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), the
+    strategy's last reported scalars under their own keys (``privacy/epsilon``, ... with the
+    :class:`~fl_lightning.strategies.DP` plug-in), and ``global_split``: the split the global
+    numbers are on (``"validation"`` with ``data.val_fraction > 0``, else ``"test"``; evaluate a
+    checkpoint on the test set with ``test``).
     """
 
     def __init__(self) -> None:
@@ -67,6 +69,9 @@ class FederatedSummary(Callback):
                 f"  per-client {name} ({spread['n']} clients): mean {_pct(spread['mean'])}, "
                 f"std {100 * spread['std']:.2f} pts, min {_pct(spread['min'])}, max {_pct(spread['max'])}"
             )
+        reported = sorted(k for k in s if "/" in k)  # the strategy's scalars (privacy/epsilon, ...)
+        if reported:
+            lines.append("  " + ", ".join(f"{k}: {s[k]:.4g}" for k in reported))
         lines.append(f"  wall time: {s['wall_time_s']:.1f} s ({s['mean_round_s']:.3f} s/round)")
         lines.append(
             f"  communicated: {_mb(s['bytes_down'])} down, {_mb(s['bytes_up'])} up, "
@@ -102,6 +107,9 @@ def summarize(
         out[f"final_global_{metric}"] = scores[-1][1]
         out[f"best_global_{metric}"] = best
         out["best_round"] = best_round + 1
+    reported = next((r["strategy"] for r in reversed(history) if r.get("strategy")), {})
+    if reported:  # the strategy's scalars after its last reporting round, e.g. privacy/epsilon
+        out.update(reported)
     vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
         mean = sum(vals) / len(vals)

@@ -292,6 +292,9 @@ class FederatedModule(LightningModule):
         round_idx = self.global_step
         watch = timed()
         sampled = self.loop.sample(self.datamodule.num_clients, round_idx, self.strategy)
+        reason = self.strategy.stop_reason(round_idx)
+        if reason:  # e.g. resumed past a privacy budget: nothing has run, the checkpoint is untouched
+            raise RunError(f"round {round_idx} cannot run: {reason}")
         self._call_federated("on_round_start", round_idx, sampled)
 
         def on_client_end(index: int, total: int, res: ClientResult | None) -> None:
@@ -322,6 +325,20 @@ class FederatedModule(LightningModule):
         self.history.append(record)
         self._log_round(record, res)
         self._call_federated("on_round_end", round_idx, record)
+        self._check_stop(round_idx + 1)
+
+    def _check_stop(self, next_round: int) -> None:
+        """End fit after this round if the strategy says ``next_round`` must not run (a spent budget).
+
+        ``trainer.should_stop`` lets Lightning finish the round as usual (validation, ``last.ckpt``,
+        summary) and run no further one.
+        """
+        if 0 <= self.trainer.max_steps <= next_round:
+            return
+        reason = self.strategy.stop_reason(next_round)
+        if reason:
+            log.warning("stopping after round %d (%d rounds done): %s", next_round - 1, next_round, reason)
+            self.trainer.should_stop = True
 
     def _skip_round(self, round_idx: int, res: RoundResult) -> None:
         """A round in which every sampled client failed: no server update, but the round counts.
@@ -369,6 +386,7 @@ class FederatedModule(LightningModule):
 
     def _record(self, round_idx: int, res: RoundResult, seconds: float) -> dict[str, Any]:
         lr = self.loop.config.lr_decay**round_idx * self.client.lr
+        reported = dict(self.strategy.round_metrics())
         return {
             "round": round_idx,
             "clients": len(res.info.sampled),
@@ -379,6 +397,7 @@ class FederatedModule(LightningModule):
             "client_lr": lr,
             "skipped": not res.info.aggregated,
             **res.train_metrics,
+            **({"strategy": reported} if reported else {}),  # e.g. privacy/epsilon
             "this_run": True,
         }
 
@@ -396,6 +415,8 @@ class FederatedModule(LightningModule):
             on_epoch=False,
             batch_size=1,
         )
+        if record.get("strategy"):
+            self.log_dict(record["strategy"], on_step=True, on_epoch=False, batch_size=1)
         train = {f"train/{k.removeprefix('train_')}": v for k, v in res.train_metrics.items()}
         if train:
             self.log_dict(train, on_step=True, on_epoch=False, batch_size=1, prog_bar=True)

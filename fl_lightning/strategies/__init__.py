@@ -42,6 +42,7 @@ from fl_lightning.strategies.local import Local
 from fl_lightning.strategies.mofedsam import MoFedSAM
 from fl_lightning.strategies.moon import MOON
 from fl_lightning.strategies.pfedme import PFedMe
+from fl_lightning.strategies.plugins.dp import DP
 from fl_lightning.strategies.plugins.fast_slow import FastSlow
 from fl_lightning.strategies.plugins.fedcog import FedCOG
 from fl_lightning.strategies.plugins.finetune import FineTune
@@ -52,6 +53,7 @@ from fl_lightning.strategies.tdpfed import TDPFed
 from fl_lightning.strategies.vhl import VHL
 
 __all__ = [
+    "DP",
     "MOON",
     "STRATEGIES",
     "VHL",

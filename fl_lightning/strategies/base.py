@@ -21,6 +21,8 @@ A round of the :class:`~fl_lightning.core.round.FederatedLoop` calls, in order::
             server_update(model, means, info)             set .grad (pseudo-gradient), assign buffers
             <server optimizer step>                       SGD(lr) = FedAvg; momentum, Adam = FedOpt
             on_after_server_step(model, means, info)
+            round_metrics()                               -> scalars logged per round (privacy/epsilon)
+            stop_reason(round + 1)                        -> non-empty: fit ends before that round
 
 Evaluation of the clients' deployed models (``FederatedModule.evaluate_clients``, every client, or a
 seeded ``model.eval_fraction`` of them during fit) calls ``personalize`` then ``adapt`` per client.
@@ -242,6 +244,25 @@ class Strategy(nn.Module):
     def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         """After the server optimizer step (e.g. update server-side duals)."""
 
+    def round_metrics(self) -> dict[str, float]:
+        """Scalars on the strategy's state after the round, e.g. ``{"privacy/epsilon": 1.2}`` (default none).
+
+        The module logs them with the round's scalars (TensorBoard, at step = rounds done), keeps them
+        in the run history, and the summary writes the last values to ``summary.json``. Must be the
+        same on every process.
+        """
+        return {}
+
+    def stop_reason(self, round: int) -> str:
+        """Why ``round`` (0-based) must not run, e.g. a spent privacy budget; ``""`` lets it run.
+
+        Asked after each round for the next one, where a reason ends fit cleanly after the round
+        (logged, checkpoint written), and before each round, after :meth:`select_clients`, where a
+        reason (a run resumed past its budget) stops the run with a one-line error before any client
+        trains. Must be the same on every process.
+        """
+        return ""
+
     def extra_repr(self) -> str:
         return f"server_lr={self.server_lr}"
 
@@ -347,6 +368,12 @@ class StrategyWrapper(Strategy):
 
     def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         self.base.on_after_server_step(model, means, info)
+
+    def round_metrics(self) -> dict[str, float]:
+        return self.base.round_metrics()
+
+    def stop_reason(self, round: int) -> str:
+        return self.base.stop_reason(round)
 
     def extra_repr(self) -> str:
         return ""

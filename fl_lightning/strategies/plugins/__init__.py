@@ -1,5 +1,6 @@
 """Plug-ins that wrap any strategy (``base=``): FedCOG, FastSlow, FineTune, PersonalAtoms,
-the robust aggregators (Median, TrimmedMean, Krum, NormBounded) and the Attack simulation.
+the robust aggregators (Median, TrimmedMean, Krum, NormBounded), the Attack simulation and
+client-level differential privacy (DP).
 
 They are exported from :mod:`fl_lightning.strategies` as well (``class_path:
 fl_lightning.strategies.FedCOG``).
@@ -7,6 +8,7 @@ fl_lightning.strategies.FedCOG``).
 
 from __future__ import annotations
 
+from fl_lightning.strategies.plugins.dp import DP
 from fl_lightning.strategies.plugins.fast_slow import FastSlow
 from fl_lightning.strategies.plugins.fedcog import FedCOG
 from fl_lightning.strategies.plugins.finetune import FineTune
@@ -14,6 +16,7 @@ from fl_lightning.strategies.plugins.personal_atoms import PersonalAtoms
 from fl_lightning.strategies.plugins.robust import Attack, Krum, Median, NormBounded, TrimmedMean
 
 __all__ = [
+    "DP",
     "Attack",
     "FastSlow",
     "FedCOG",
