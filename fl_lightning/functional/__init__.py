@@ -4,7 +4,7 @@
 FedCM, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
 envelope's inner problem), ``distillation`` (FedCOG's generation and KD), ``representation`` (MOON,
 FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficients), ``cp`` (CP
-factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping). Nothing here imports
+factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping, attacks). Nothing here imports
 the rest of the package except ``errors``.
 """
 
@@ -83,10 +83,12 @@ from fl_lightning.functional.representation import (
     save_previous_model,
 )
 from fl_lightning.functional.robust import (
+    attack_update,
     clip_norms,
     coordinate_median,
     krum,
     krum_scores,
+    malicious_clients,
     stack_flat,
     trimmed_mean,
     unflatten,
@@ -126,6 +128,7 @@ __all__ = [
     "afm",
     "all_finite",
     "atom_conv2d",
+    "attack_update",
     "clip_grads_",
     "clip_norms",
     "complementary_counts",
@@ -175,6 +178,7 @@ __all__ = [
     "linear_layer_names",
     "load_tensors",
     "log_distribution",
+    "malicious_clients",
     "missing",
     "model_contrastive_loss",
     "module_device",
