@@ -62,9 +62,18 @@ class FederatedArgumentParser(LightningArgumentParser):
             r'Parser key "([^"]+)": Problem with given class_path \'[^\']+\': (?:Parser key "([^"]+)": )?',
             text,
         )
+        optional = re.match(
+            r'Parser key "([^"]+)":.*?Does not validate against any of the Union subtypes.*?'
+            r"Problem with given class_path '[^']+': (?:Parser key \"([^\"]+)\": )?(.*?)"
+            r"(?: - Expected a <class 'NoneType'>.*)?$",
+            text,
+        )
         if nested:  # a bad init_args value: name the full field, e.g. model.strategy.mu
             field = ".".join(k for k in nested.groups() if k)
             text = f"{field}: {text[nested.end() :]}"
+        elif optional:  # a bad value inside an optional group, e.g. model.attack.kind
+            field = ".".join(k for k in optional.groups()[:2] if k)
+            text = f"{field}: {optional.group(3)}"
         elif match and match.group(1).endswith("strategy"):
             names = ", ".join(list_strategies())
             given = re.search(r"but (\S+) either", text)

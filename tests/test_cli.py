@@ -60,6 +60,19 @@ def test_print_config_and_help_document_every_knob(tmp_path, capsys):
     assert "Fraction of clients sampled per round" in helptext and "--data.partition" in helptext
 
 
+def test_model_attack_is_off_by_default_and_printed_with_its_fields(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "fit", "--print_config")
+    assert "\n  attack: null\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "fit", "--print_config", "--model.attack.kind=scale", "--model.attack.scale=5")
+    printed = capsys.readouterr().out
+    assert "attack:\n    kind: scale\n    fraction: 0.2\n    scale: 5.0\n" in printed
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    assert "Simulated malicious clients" in capsys.readouterr().out
+
+
 def test_print_config_shows_the_default_network_and_client_defaults(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli(tmp_path, "fit", "--print_config")
@@ -175,6 +188,8 @@ def _one_error_line(capsys) -> str:
             ["--model.strategy=FedProx", "--model.strategy.mu=.nan"],
             "error: model.strategy.mu=nan must be a finite",
         ),
+        (["--model.attack.fraction=1.5"], "error: model.attack.fraction=1.5 must be in [0, 1]"),
+        (["--model.attack.scale=0"], "error: model.attack.scale=0.0 must be > 0"),
     ],
 )
 def test_bad_numbers_are_one_line_errors(tmp_path, capsys, args, message):
@@ -199,6 +214,11 @@ def test_nan_lr_in_a_yaml_config_is_one_line(tmp_path, capsys):
         (["--model.client.init_args.lr=abc"], "error: model.client.lr: Expected a <class 'float'>"),
         (["--model.strategy=FedProx", "--model.strategy.mu=abc"], "error: model.strategy.mu: Expected a"),
         (["--nope=1"], "error: unrecognized arguments: --nope=1"),
+        (
+            ["--model.attack.kind=noise"],
+            "error: model.attack.kind: Expected a typing.Literal['sign_flip', 'scale']",
+        ),
+        (["--model.attack={kind: scale, ratio: 1}"], "error: model.attack: Option 'ratio' is not accepted"),
     ],
 )
 def test_parse_errors_are_one_line_without_usage(tmp_path, capsys, args, message):

@@ -120,7 +120,18 @@ def train_client(
         load_tensors(worker, message.get("weights", {}))
         state = {k: v.to(device) for k, v in state.items()}
         num_steps = config.num_steps(data)
-        ctx = ClientContext(cid, round, message, state, data.num_samples, num_steps, 0.0, strategy, data=data)
+        ctx = ClientContext(
+            cid,
+            round,
+            message,
+            state,
+            data.num_samples,
+            num_steps,
+            0.0,
+            strategy,
+            data=data,
+            seed=config.seed,
+        )
         worker.train()
         with worker.local_training(), _dropping(ctx.scratch):
             strategy.on_client_start(worker, ctx)

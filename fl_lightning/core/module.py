@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
 from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.core.attack import SimulatedAttack, as_attack
 from fl_lightning.core.checkpoint import check_resume, hyperparameters
 from fl_lightning.core.client import ClientModule
 from fl_lightning.core.distributed import all_gather_objects, assign_clients, is_distributed
@@ -58,6 +59,11 @@ class FederatedModule(LightningModule):
     Args:
         client: The client LightningModule: network, task loss, local optimizer.
         strategy: The federated algorithm (FedAvg, FedProx, ...).
+        attack: Simulated malicious clients (null: none), e.g. ``{kind: sign_flip, fraction: 0.2,
+            scale: 1.0}``: ``round(fraction * num_clients)`` clients, drawn from the run seed, send
+            ``w^t - scale * Delta_k`` (``sign_flip``) or ``w^t + scale * Delta_k`` (``scale``) instead of
+            their update ``Delta_k``. Works with any strategy; test a defence with ``model.strategy``
+            Median, TrimmedMean, Krum or NormBounded.
         participation: Fraction of clients sampled per round, in (0, 1].
         clients_per_round: A fixed number of clients per round (overrides ``participation``).
         local_epochs: Local passes over the client's data per round (ignored if ``local_steps``).
@@ -96,6 +102,7 @@ class FederatedModule(LightningModule):
         self,
         client: ClientModule = _DEFAULT_CLIENT,
         strategy: Strategy = _DEFAULT_STRATEGY,
+        attack: SimulatedAttack | None = None,
         participation: float = 1.0,
         clients_per_round: int | None = None,
         local_epochs: int = 2,
@@ -149,6 +156,7 @@ class FederatedModule(LightningModule):
         check_number(
             eval_fraction, "model.eval_fraction", low=0, high=1, low_open=True, hint="e.g. 0.1 evaluates 10%"
         )
+        attack = as_attack(attack)
         # The CLI builds fresh objects from the config; from Python the defaults are shared objects,
         # so give each module its own.
         self.client = ClientModule() if client is _DEFAULT_CLIENT else client
@@ -163,6 +171,7 @@ class FederatedModule(LightningModule):
             participation,
             clients_per_round,
             tolerate_client_failures,
+            attack,
         )
         budget = None if state_memory_mb is None else int(state_memory_mb * 2**20)
         self.store = ClientStateStore(budget, state_dir)
@@ -219,6 +228,8 @@ class FederatedModule(LightningModule):
         self.loop.config.batch_size = dm.batch_size
         self.loop.sample(dm.num_clients, 0)  # validates clients_per_round against the federation
         self.strategy.setup(self.client, dm.num_clients)
+        if self.loop.attack is not None:
+            log.info("model.attack: clients %s are malicious", sorted(self.loop.malicious(dm.num_clients)))
         self.global_metrics = TaskMetrics.for_task(dm.task, dm.num_classes)
         self.client_metrics = TaskMetrics.for_task(dm.task, dm.num_classes)
         self._ready = True

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from fl_lightning.core.attack import SimulatedAttack
 from fl_lightning.core.client import ClientModule, merge_train_states
 from fl_lightning.core.distributed import all_gather_objects, is_distributed
 from fl_lightning.core.local import LocalConfig, train_client
@@ -67,12 +68,19 @@ class FederatedLoop:
         clients_per_round: A fixed count per round (overrides ``participation``).
         tolerate_client_failures: Exclude a client whose training raises or returns non-finite
             tensors from the round (warning logged, counted) instead of stopping the run.
+        attack: Simulated malicious clients, whose uploads the loop replaces after the strategy's
+            ``process_upload`` (None: every client is honest).
     """
 
     config: LocalConfig
     participation: float = 1.0
     clients_per_round: int | None = None
     tolerate_client_failures: bool = True
+    attack: SimulatedAttack | None = None
+
+    def malicious(self, num_clients: int) -> frozenset[int]:
+        """The clients :attr:`attack` makes malicious (drawn from the run seed ``config.seed``)."""
+        return frozenset() if self.attack is None else self.attack.malicious(num_clients, self.config.seed)
 
     def sample(self, num_clients: int, round: int, strategy: Strategy | None = None) -> list[int]:
         """The clients of ``round``, sorted: ``strategy.select_clients`` (default: :func:`sample_clients`)."""
@@ -111,6 +119,7 @@ class FederatedLoop:
         result = RoundResult(means={}, info=RoundInfo(round, sampled, [], len(clients)))
         personal = strategy.personal_names(model)
         initial = {n: t for n, t in model.state_dict().items() if n in personal}
+        malicious = self.malicious(len(clients))
         for i, cid in enumerate(mine):
             message = strategy.message(model, cid, round)
             load_tensors(worker, initial)  # a client's first round starts its personal layers from init
@@ -126,6 +135,8 @@ class FederatedLoop:
                     precision,
                     eval_metrics,
                 )
+                if cid in malicious:  # what a malicious client sends instead (same size: bytes_up holds)
+                    res.upload = self.attack.apply(res.upload, message)
                 if not all_finite(res.upload):
                     raise FloatingPointError(f"client {cid} uploaded non-finite values in round {round}")
             except Exception as err:

@@ -42,6 +42,8 @@ class ClientContext:
         data: The client's local data (index arrays into the shared training tensors; read-only),
             for strategies that need more than its size, e.g. its label counts or input shape
             (FedCOG). None when a context is built outside the round loop.
+        seed: The run seed (``model.seed``, i.e. ``seed_everything``): derive any per-run draw of the
+            strategy from it (e.g. the ``Attack`` plug-in's malicious clients).
     """
 
     client_id: int
@@ -55,6 +57,7 @@ class ClientContext:
     step: int = 0
     scratch: dict[str, Any] = field(default_factory=dict)
     data: ClientData | None = None
+    seed: int = 0
 
 
 @dataclass

@@ -4,9 +4,10 @@
 FedCM, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
 envelope's inner problem), ``distillation`` (FedCOG's generation and KD), ``representation`` (MOON,
 FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficients), ``cp`` (CP
-factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping),
+factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping, attacks),
 ``synthetic`` (FedGen's generator and ensemble, FedReg's pseudo data and projections, VHL's virtual
-data and calibration). Nothing here imports
+data and calibration), ``prototypes`` (FedPAC's class prototypes and classifier QP), ``privacy`` (DP
+clipping, noise, adaptive clipping, accounting). Nothing here imports
 the rest of the package except ``errors``.
 """
 
@@ -85,10 +86,12 @@ from fl_lightning.functional.representation import (
     save_previous_model,
 )
 from fl_lightning.functional.robust import (
+    attack_update,
     clip_norms,
     coordinate_median,
     krum,
     krum_scores,
+    malicious_clients,
     stack_flat,
     trimmed_mean,
     unflatten,
@@ -139,6 +142,7 @@ __all__ = [
     "afm",
     "all_finite",
     "atom_conv2d",
+    "attack_update",
     "clip_grads_",
     "clip_norms",
     "complementary_counts",
@@ -191,6 +195,7 @@ __all__ = [
     "linear_layer_names",
     "load_tensors",
     "log_distribution",
+    "malicious_clients",
     "missing",
     "model_contrastive_loss",
     "module_device",

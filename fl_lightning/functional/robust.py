@@ -1,9 +1,10 @@
-"""Byzantine-robust aggregation of client updates: median, trimmed mean, Krum, norm clipping.
+"""Byzantine-robust aggregation of client updates (median, trimmed mean, Krum, norm clipping), and attacks.
 
-Every function takes the round's updates stacked as one ``(K, D)`` matrix (one flattened update per
-row, :func:`stack_flat`) and returns a ``(D,)`` aggregate; :func:`unflatten` turns it back into named
-tensors. The order statistics (median, trimmed mean) and Krum are unweighted, as in their papers:
-every client counts once whatever its sample count.
+Every aggregation function takes the round's updates stacked as one ``(K, D)`` matrix (one flattened
+update per row, :func:`stack_flat`) and returns a ``(D,)`` aggregate; :func:`unflatten` turns it back
+into named tensors. The order statistics (median, trimmed mean) and Krum are unweighted, as in their papers:
+every client counts once whatever its sample count. :func:`malicious_clients` and :func:`attack_update`
+simulate Byzantine clients (used by ``model.attack`` and the ``Attack`` plug-in).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
+
+from fl_lightning.functional.tensor import derive_seed
+
+_ATTACK_STREAM = 0xA77AC  # seed stream of the choice of malicious clients
 
 
 def stack_flat(tensors: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> Tensor:
@@ -100,3 +105,34 @@ def clip_norms(updates: Tensor, max_norm: float) -> Tensor:
     """
     norms = updates.norm(dim=1, keepdim=True)
     return updates * (max_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+
+
+def malicious_clients(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
+    """The ``round(fraction * num_clients)`` malicious client ids, fixed for a run.
+
+    A uniform draw without replacement by a generator seeded from the run seed (its own stream), so the
+    same clients attack on every process, on a rerun and after a resume; another seed, other clients.
+    """
+    count = round(fraction * num_clients)
+    generator = torch.Generator().manual_seed(derive_seed(seed, _ATTACK_STREAM))
+    return frozenset(torch.randperm(num_clients, generator=generator)[:count].tolist())
+
+
+def attack_update(
+    upload: Mapping[str, Tensor], sent: Mapping[str, Tensor], factor: float
+) -> dict[str, Tensor]:
+    """A manipulated upload: ``w^t + factor * (w_k - w^t)`` for every entry of ``upload`` also in ``sent``.
+
+    ``sent`` is ``w^t`` (the weights the client received), ``upload`` its ``w_k``; ``factor = -s`` is the
+    sign-flipping attack, ``factor = s`` the scaling attack (e.g. Fang et al., USENIX Security 2020;
+    Bhagoji et al., ICML 2019). Entries not in ``sent`` and non-float entries are returned unchanged.
+    """
+    names = [n for n, t in upload.items() if n in sent and t.is_floating_point()]
+    if not names:
+        return dict(upload)
+    ups = [upload[n] for n in names]
+    base = [sent[n].to(u.device, u.dtype) for n, u in zip(names, ups)]
+    out = torch._foreach_sub(ups, base)
+    torch._foreach_mul_(out, factor)
+    torch._foreach_add_(out, base)
+    return {**upload, **dict(zip(names, out))}

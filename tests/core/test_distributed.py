@@ -85,6 +85,31 @@ def test_two_processes_match_one_process(tmp_path, strategy, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["--model.strategy=Median"],
+        ["--model.strategy=TrimmedMean", "--model.strategy.beta=0.2"],
+        ["--model.strategy=Krum", "--model.strategy.f=1", "--model.strategy.m=2"],
+        ["--model.strategy=NormBounded", "--model.strategy.max_norm=0.5"],
+    ],
+    ids=lambda a: a[0].split("=")[1],
+)
+def test_robust_aggregation_under_attack_two_processes_match_one_process(tmp_path, strategy):
+    """Median/Krum need every upload, not a sum: the processes all-gather them in client-id order.
+
+    Every client trains each round (6 clients, 3 per process), 2 of them send sign-flipped updates
+    (model.attack, drawn from the run seed on each process alike), and the robust reduction on each
+    process sees the same 6 uploads in the same order as the 1-process run.
+    """
+    extra = [*strategy, "--model.participation=1.0", "--model.attack.fraction=0.34", "--model.attack.scale=3"]
+    one = _run(tmp_path / "one", 1, *extra)
+    two = _run(tmp_path / "two", 2, *extra)
+    _assert_same_run(one, two)
+    assert one["fl_lightning"]["hparams"]["model.attack.fraction"] == 0.34
+
+
+@pytest.mark.slow
 def test_failing_clients_are_excluded_on_any_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     extra = [

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from fl_lightning.functional import (
+    attack_update,
     clip_norms,
     coordinate_median,
     krum,
     krum_scores,
+    malicious_clients,
     stack_flat,
     trimmed_mean,
     unflatten,
@@ -57,3 +59,19 @@ def test_clip_norms_bounds_each_row_and_keeps_small_ones():
     out = clip_norms(x, 1.0)
     assert torch.allclose(out, torch.tensor([[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]]))
     assert (out.norm(dim=1) <= 1.0 + 1e-6).all()
+
+
+def test_attack_update_by_hand():
+    sent = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    upload = {"w": torch.tensor([2.0, 0.0]), "b": torch.tensor([1.5]), "extra": torch.tensor([9.0])}
+    out = attack_update(upload, sent, -2.0)  # w^t - 2 (w_k - w^t)
+    assert torch.equal(out["w"], torch.tensor([-1.0, 6.0])) and torch.equal(out["b"], torch.tensor([-1.5]))
+    assert out["extra"] is upload["extra"]  # not sent: unchanged
+    assert torch.equal(attack_update(upload, sent, 1.0)["w"], upload["w"])
+
+
+def test_malicious_clients_is_a_seeded_fixed_draw():
+    assert malicious_clients(10, 0.25, 7) == malicious_clients(10, 0.25, 7)
+    assert len(malicious_clients(10, 0.25, 7)) == 2  # round(2.5) = 2
+    assert all(0 <= c < 10 for c in malicious_clients(10, 0.9, 1))
+    assert len({malicious_clients(10, 0.5, s) for s in range(5)}) > 1

@@ -5,7 +5,8 @@ robust reduction of the client updates ``Delta_k = w_k - w^t`` (``w^t``: the wei
 message carried), computed on the server from every upload kept by a
 :class:`~fl_lightning.core.aggregation.BufferedAggregator`; the aggregate handed to the base's
 ``server_update`` is ``w^t + robust(Delta_1..Delta_K)``. Other payload groups (control variates, duals)
-keep the base's weighted mean. Compose with :class:`Attack`: ``Median(Attack(FedAvg(), fraction=0.4))``.
+keep the base's weighted mean. Test a defence with ``model.attack`` (simulated malicious clients, any
+strategy) or nest :class:`Attack`: ``Median(Attack(FedAvg(), fraction=0.4))``.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from fl_lightning.core.aggregation import BufferedAggregator, Entry
 from fl_lightning.core.types import ClientContext, Payload
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.robust import (
+    attack_update,
     clip_norms,
     coordinate_median,
     krum,
+    malicious_clients,
     stack_flat,
     trimmed_mean,
     unflatten,
 )
-from fl_lightning.functional.tensor import derive_seed, shared_state
+from fl_lightning.functional.tensor import shared_state
 from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
-
-_ATTACK_STREAM = 0xA77AC
 
 
 class RobustAggregator(BufferedAggregator):
@@ -203,19 +204,21 @@ class NormBounded(RobustWrapper):
 
 @register_strategy
 class Attack(StrategyWrapper):
-    """Attack simulation: a fixed fraction of clients upload manipulated weights.
+    """Attack simulation as a plug-in: a fixed fraction of clients upload manipulated weights.
 
-    The ``round(fraction * num_clients)`` malicious clients are drawn once per run from a generator
-    seeded by ``seed``; each replaces its update ``Delta_k = w_k - w^t`` (``w^t``: the weights it was
-    sent) by ``-scale * Delta_k`` (``"sign_flip"``) or ``scale * Delta_k`` (``"scale"``) in
-    :meth:`process_upload`, after the base's. Wrap it in a robust plug-in to test a defence.
+    The same attack as ``model.attack`` (which needs no nesting and is the usual way): the
+    ``round(fraction * num_clients)`` malicious clients are drawn from the run seed (``ctx.seed``,
+    i.e. ``seed_everything``) by :func:`~fl_lightning.functional.robust.malicious_clients`; each
+    replaces its update ``Delta_k = w_k - w^t`` (``w^t``: the weights it was sent) by ``-scale * Delta_k``
+    (``"sign_flip"``) or ``scale * Delta_k`` (``"scale"``) in :meth:`process_upload`, after the base's
+    (:func:`~fl_lightning.functional.robust.attack_update`). Nest it to attack inside a chosen wrapper,
+    e.g. ``Median(Attack(FedAvg()))``.
 
     Args:
         base: The wrapped strategy (default FedAvg).
         fraction: Fraction of all clients that are malicious, in ``[0, 1]``.
         kind: ``"sign_flip"`` or ``"scale"``.
         scale: The factor ``s`` (> 0).
-        seed: Seed of the choice of malicious clients.
     """
 
     name = "attack"
@@ -226,41 +229,27 @@ class Attack(StrategyWrapper):
         fraction: float = 0.2,
         kind: Literal["sign_flip", "scale"] = "sign_flip",
         scale: float = 1.0,
-        seed: int = 0,
     ) -> None:
         super().__init__(FedAvg() if base is None else base)
         check_number(fraction, "model.strategy.fraction", low=0, high=1, hint="(share of malicious clients)")
         if kind not in ("sign_flip", "scale"):
             raise ConfigError(f"model.strategy.kind={kind!r} must be 'sign_flip' or 'scale'")
         check_number(scale, "model.strategy.scale", low=0, low_open=True, hint="e.g. 1.0 or 10")
-        check_number(seed, "model.strategy.seed", low=0, hint="e.g. 0")
-        self.fraction, self.kind, self.scale, self.seed = fraction, kind, scale, int(seed)
-        self.malicious: frozenset[int] = frozenset()
+        self.fraction, self.kind, self.scale = fraction, kind, scale
+        self._malicious: tuple[int, frozenset[int]] | None = None  # (seed, clients), drawn once per seed
 
-    def setup(self, model: nn.Module, num_clients: int) -> None:
-        super().setup(model, num_clients)
-        self.malicious = malicious_clients(num_clients, self.fraction, self.seed)
+    def malicious(self, seed: int) -> frozenset[int]:
+        """The malicious client ids for run seed ``seed`` (after :meth:`setup`)."""
+        if self._malicious is None or self._malicious[0] != seed:
+            self._malicious = (seed, malicious_clients(self.num_clients, self.fraction, seed))
+        return self._malicious[1]
 
     def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
         upload = self.base.process_upload(upload, ctx)
-        if ctx.client_id not in self.malicious or "weights" not in upload:
+        if ctx.client_id not in self.malicious(ctx.seed) or "weights" not in upload:
             return upload
         factor = -self.scale if self.kind == "sign_flip" else self.scale
-        sent = ctx.message.get("weights", {})
-        weights = {n: _attacked(t, sent[n], factor) if n in sent else t for n, t in upload["weights"].items()}
-        return {**upload, "weights": weights}
+        return {**upload, "weights": attack_update(upload["weights"], ctx.message.get("weights", {}), factor)}
 
     def extra_repr(self) -> str:
         return f"fraction={self.fraction}, kind={self.kind}, scale={self.scale}"
-
-
-def _attacked(upload: Tensor, sent: Tensor, factor: float) -> Tensor:
-    sent = sent.to(upload.device, upload.dtype)
-    return sent + factor * (upload - sent)
-
-
-def malicious_clients(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
-    """The ``round(fraction * num_clients)`` malicious client ids, a seeded draw fixed for the run."""
-    count = round(fraction * num_clients)
-    generator = torch.Generator().manual_seed(derive_seed(seed, _ATTACK_STREAM))
-    return frozenset(torch.randperm(num_clients, generator=generator)[:count].tolist())

@@ -8,6 +8,7 @@ from fl_lightning.core.aggregation import BufferedAggregator
 from fl_lightning.core.types import ClientContext
 from fl_lightning.data import IID
 from fl_lightning.errors import ConfigError
+from fl_lightning.functional.robust import malicious_clients
 from fl_lightning.strategies import (
     Attack,
     FedAvg,
@@ -18,7 +19,6 @@ from fl_lightning.strategies import (
     TrimmedMean,
     get_strategy,
 )
-from fl_lightning.strategies.plugins.robust import malicious_clients
 
 from conftest import global_weights, make_data, make_module
 
@@ -83,19 +83,21 @@ def test_other_groups_keep_the_weighted_mean():
     assert torch.allclose(means["weights"]["weight"], torch.tensor([[3.0, 0.0]]) + 1)
 
 
-def test_attack_flips_or_scales_the_update_of_the_chosen_clients_only():
-    bad = malicious_clients(10, 0.4, 0)
-    assert len(bad) == 4 and bad == malicious_clients(10, 0.4, 0)
-    good = next(c for c in range(10) if c not in bad)
-    for kind, factor in [("sign_flip", -3.0), ("scale", 3.0)]:
-        attack = Attack(FedAvg(), fraction=0.4, kind=kind, scale=3.0)
-        attack.setup(nn.Linear(1, 1), 10)
-        sent = {"weights": {"w": torch.tensor([1.0, 2.0])}}
-        upload = {"weights": {"w": torch.tensor([2.0, 0.0])}}
-        for cid, f in [(min(bad), factor), (good, 1.0)]:
-            ctx = ClientContext(cid, 0, sent, {}, 10, 1, 0.1, attack)
-            out = attack.process_upload(upload, ctx)["weights"]["w"]
-            assert torch.allclose(out, torch.tensor([1.0, 2.0]) + f * torch.tensor([1.0, -2.0]))
+def test_attack_flips_or_scales_the_update_of_the_clients_chosen_by_the_run_seed_only():
+    for seed in (0, 1):
+        bad = malicious_clients(10, 0.4, seed)
+        assert len(bad) == 4 and bad == malicious_clients(10, 0.4, seed)
+        good = next(c for c in range(10) if c not in bad)
+        for kind, factor in [("sign_flip", -3.0), ("scale", 3.0)]:
+            attack = Attack(FedAvg(), fraction=0.4, kind=kind, scale=3.0)
+            attack.setup(nn.Linear(1, 1), 10)
+            sent = {"weights": {"w": torch.tensor([1.0, 2.0])}}
+            upload = {"weights": {"w": torch.tensor([2.0, 0.0])}}
+            for cid, f in [(min(bad), factor), (good, 1.0)]:
+                ctx = ClientContext(cid, 0, sent, {}, 10, 1, 0.1, attack, seed=seed)
+                out = attack.process_upload(upload, ctx)["weights"]["w"]
+                assert torch.allclose(out, torch.tensor([1.0, 2.0]) + f * torch.tensor([1.0, -2.0]))
+    assert malicious_clients(10, 0.4, 0) != malicious_clients(10, 0.4, 1)
 
 
 def test_bad_options_are_one_line_config_errors():
