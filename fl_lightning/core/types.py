@@ -42,6 +42,11 @@ class ClientContext:
         data: The client's local data (index arrays into the shared training tensors; read-only),
             for strategies that need more than its size, e.g. its label counts or input shape
             (FedCOG). None when a context is built outside the round loop.
+        stacked: 0 for one client. ``C > 0`` while the local steps of ``C`` clients run as one batched
+            computation (``model.vectorize``): the module's parameters and gradients, ``state`` and the
+            message's per-client entries then hold the clients along dim 0 (``[C, *shape]``), and
+            reductions over a client's parameters must be per client (see
+            :attr:`fl_lightning.strategies.base.Strategy.vectorizable`).
     """
 
     client_id: int
@@ -55,6 +60,7 @@ class ClientContext:
     step: int = 0
     scratch: dict[str, Any] = field(default_factory=dict)
     data: ClientData | None = None
+    stacked: int = 0
 
 
 @dataclass
@@ -104,6 +110,8 @@ class RoundResult:
     #: One line on the first failure of the round (``client <id>: <Type>: <message>``), "" if none.
     error: str = ""
     train_states: dict[int, TrainState] = field(default_factory=dict)
+    #: Peak device memory allocated during the round's local training in GiB (CUDA only; None elsewhere).
+    peak_memory_gb: float | None = None
 
 
 __all__ = ["ClientContext", "ClientResult", "Payload", "RoundInfo", "RoundResult", "TrainState"]
