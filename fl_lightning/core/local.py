@@ -129,7 +129,7 @@ def train_client(
                 group["lr"] = group["lr"] * decay
             ctx.lr = optimizer.param_groups[0]["lr"]
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
-            return client_result(worker, strategy, ctx, data, config, precision, eval_metrics)
+            return client_result(worker, strategy, ctx, message, data, config, precision, eval_metrics)
 
 
 def client_seed(seed: int, round: int, client_id: int) -> int:
@@ -152,12 +152,14 @@ def client_result(
     worker: ClientModule,
     strategy: Strategy,
     ctx: ClientContext,
+    message: Payload,
     data: ClientData,
     config: LocalConfig,
     precision: Any = None,
     eval_metrics: TaskMetrics | None = None,
 ) -> ClientResult:
-    """The end of a client's work after its local steps: upload, metrics, local evaluation."""
+    """The end of a client's work after its local steps: upload, metrics, local evaluation
+    (``bytes_down`` counts ``message``, what the server sent, whatever the hooks made of ``ctx.message``)."""
     upload = strategy.upload(worker, ctx)
     upload = strategy.process_upload(upload, ctx)  # clipping/noise/compression: bytes_up counts this
     metrics = worker.train_stats()
@@ -172,7 +174,7 @@ def client_result(
         ctx.state,
         data.num_samples,
         metrics,
-        payload_bytes(ctx.message),
+        payload_bytes(message),
         payload_bytes(upload),
         train_state,
     )

@@ -395,6 +395,11 @@ class StrategyWrapper(Strategy):
     def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         self.base.on_after_server_step(model, means, info)
 
+    def cannot_vectorize(self, module: nn.Module) -> str | None:
+        """The base's reason, else the wrapper's own (a plug-in declares :attr:`vectorizable` itself)."""
+        reason = self.base.cannot_vectorize(module)
+        return reason if reason is not None else super().cannot_vectorize(module)
+
     def extra_repr(self) -> str:
         return ""
 

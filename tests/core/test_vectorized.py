@@ -9,11 +9,13 @@ import torch
 from torch import nn
 
 from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.core import vectorized
 from fl_lightning.core.client import ClientModule
 from fl_lightning.core.vectorized import StackedWorker, group_size, stack_payloads, stack_states
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import MLP, Decomposed, SmallCNN
 from fl_lightning.strategies import FedAvg, get_strategy
+from fl_lightning.strategies.base import StrategyWrapper
 
 from conftest import global_weights, make_data, make_module, make_trainer
 
@@ -92,7 +94,9 @@ def _vectorised(module) -> bool:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_vectorised_clients_equal_sequential_clients(tmp_path, strategy):
+def test_vectorised_clients_equal_sequential_clients(tmp_path, monkeypatch, strategy):
+    """Under vmap (the accelerator path; the other tests run the CPU's per-client forward)."""
+    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     seq, vec = _fit(tmp_path, strategy, 1), _fit(tmp_path, strategy, 4)
     assert not seq[0].loop._stacks and _vectorised(vec[0])
     _assert_same(seq, vec)
@@ -163,11 +167,13 @@ class Momentum(FedAvg):
         ("client", "LoggingClient overrides training_step"),
         ("strategy", "Momentum does not declare vectorizable local terms"),
         ("dropout", "dropout's random draws"),
+        ("plugin", "StrategyWrapper does not declare vectorizable local terms"),
     ],
 )
 def test_unsupported_runs_fall_back_with_one_notice(tmp_path, caplog, case, reason):
     def build(vectorize: int):
-        module = make_module(Momentum() if case == "strategy" else FedAvg(), vectorize=vectorize)
+        strategy = {"strategy": Momentum(), "plugin": StrategyWrapper(FedAvg())}.get(case, FedAvg())
+        module = make_module(strategy, vectorize=vectorize)
         torch.manual_seed(0)
         if case == "batchnorm":
             module.client.net = BatchNormNet()
@@ -265,7 +271,9 @@ def test_memory_budget_bounds_the_group_size(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ pieces
-def test_stacked_worker_outputs_each_clients_own_network():
+@pytest.mark.parametrize("vmap", [True, False])
+def test_stacked_worker_outputs_each_clients_own_network(monkeypatch, vmap):
+    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", vmap)
     worker = ClientModule(_net("cnn"))
     stack = StackedWorker(worker, 3)
     assert [n for n, _ in stack.named_parameters()] == [n for n, _ in worker.named_parameters()]
