@@ -197,7 +197,9 @@ class FederatedLoop:
                     )
                 except Exception as err:  # e.g. a hook that does not broadcast: train them one at a time
                     self._notice(
-                        f"a group of {len(group)} clients was trained one at a time ({one_line(err)})"
+                        f"model.vectorize: a group of {len(group)} clients was trained one at a time "
+                        f"({one_line(err)}); further such groups are not reported",
+                        key="runtime",
                     )
             if trained is not None:
                 for cid, message, state, done in zip(group, messages, states, trained, strict=True):
@@ -272,10 +274,11 @@ class FederatedLoop:
             stack = self._stacks[key] = StackedWorker(worker, size)
         return stack
 
-    def _notice(self, text: str) -> None:
-        """Log ``text`` once per run (a warning: the run is slower than asked)."""
-        if text not in self._notices:
-            self._notices.add(text)
+    def _notice(self, text: str, key: str | None = None) -> None:
+        """Log ``text`` once per run, or only the first text of ``key`` (a warning: slower than asked)."""
+        key = text if key is None else key
+        if key not in self._notices:
+            self._notices.add(key)
             log.warning(text)
 
 

@@ -45,7 +45,8 @@ obey this contract; otherwise the round falls back to one client at a time with 
   stacked module whose parameters (same names) and gradients are ``[C, *shape]``, with a stacked
   context (``ctx.stacked == C``): ``ctx.state`` holds every client's entries stacked along dim 0 (an
   entry a client does not have is zeros: opt in only if a missing entry means zero), and each message
-  entry is either shared (the same tensor for every client, unstacked) or stacked.
+  entry is either shared (the same tensor for every client, unstacked) or stacked. In these calls
+  ``ctx.client_id`` is -1, ``ctx.data`` None and ``ctx.num_steps`` the group's largest.
 - The per-step terms are elementwise (``torch._foreach_*`` on aligned lists broadcast over the client
   dim): FedProx's ``mu/2 ||w - w^t||^2`` summed over clients, SCAFFOLD's ``c - c_i``, FedDyn's
   ``alpha (w - w^t) - lambda_i``. A ``local_loss`` is the SUM of the clients' terms, so one backward gives

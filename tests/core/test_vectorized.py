@@ -111,9 +111,9 @@ def test_vectorised_mlp_and_decomposed_layers(tmp_path, strategy, net):
     _assert_same(seq, vec)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["FedProx", "FedDC", "FedSAM", "FedSMOO"])
-def test_vectorised_decomposed_layers_other_strategies(tmp_path, strategy):
+def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, strategy):
+    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     seq, vec = _fit(tmp_path, strategy, 1, "decomposed"), _fit(tmp_path, strategy, 4, "decomposed")
     assert _vectorised(vec[0])
     _assert_same(seq, vec)
@@ -320,3 +320,25 @@ def test_vectorised_clients_equal_sequential_clients_on_cuda(tmp_path, strategy)
     wa, wb = global_weights(seq), global_weights(vec)
     for k in wa:
         torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
+
+
+def test_a_group_that_fails_to_stack_is_retrained_one_client_at_a_time(tmp_path, caplog):
+    class Unstackable(FedAvg):
+        vectorizable = True  # wrongly: its hook needs one client
+
+        def on_client_start(self, module, ctx):
+            if ctx.stacked:
+                raise RuntimeError("needs one client")
+            super().on_client_start(module, ctx)
+
+    runs = []
+    with caplog.at_level(logging.WARNING, logger="fl_lightning"):
+        for vectorize in (1, 4):
+            module = make_module(Unstackable(), vectorize=vectorize)
+            make_trainer(tmp_path / str(vectorize), rounds=2).fit(module, datamodule=make_data())
+            runs.append(module)
+    notices = [r.getMessage() for r in caplog.records if "trained one at a time" in r.getMessage()]
+    assert len(notices) == 1 and "RuntimeError: needs one client" in notices[0]
+    assert [r["failed"] for r in runs[1].history] == [0, 0]
+    wa, wb = global_weights(runs[0]), global_weights(runs[1])
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
