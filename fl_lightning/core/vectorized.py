@@ -59,9 +59,10 @@ _MODEL_COPIES = 8
 
 
 #: Run the stacked forward under ``vmap`` on the CPU too. Off by default: there a step is compute-bound
-#: (no launches to save) and vmap's batched convolutions and pooling work on strided layouts that made
-#: a small CNN's forward and backward about 1.5x slower than one client at a time; the CPU loops over
-#: the clients inside the forward (the same math) and batches the rest of the step (hooks, optimizer).
+#: (no launches to save), vmap's batched convolutions and pooling work on strided layouts that made a
+#: small CNN's forward and backward about 1.5x slower than one client at a time, and holding every
+#: client's activations at once cost more again; the CPU runs one client's forward and backward at a
+#: time (the same math) and batches the rest of the step (the strategy's terms, clipping, optimizer).
 VMAP_ON_CPU = False
 
 
@@ -141,17 +142,21 @@ class StackedWorker(nn.Module):
         return ClientModule.configure_optimizers(self)  # type: ignore[arg-type]
 
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        """Sum over clients of each client's mean task loss over its real samples."""
+        """Sum over clients of each client's mean task loss over its real samples.
+
+        Under vmap the outputs ``[size, B, ...]`` are returned for the strategy's ``local_loss``. On the
+        CPU (:data:`VMAP_ON_CPU` off) each client's forward and backward run in turn (so only one client's
+        activations are alive, as in the sequential round) and the loss returned carries the clients'
+        gradients to the stacked parameters (its value is the sum of their losses; no outputs returned).
+        """
         x, y, weight, count = batch
-        outputs = self(x)
-        size, b = outputs.shape[:2]
-        if self.task == "multiclass":
-            per = F.cross_entropy(outputs.reshape(size * b, -1), y.reshape(-1), reduction="none").view(
-                size, b
-            )
+        if x.device.type == "cpu" and not VMAP_ON_CPU:
+            loss, losses, outputs = self._client_by_client(x, y, weight, count)
+            result = {"loss": loss}
         else:
-            per = F.binary_cross_entropy_with_logits(outputs, y.to(outputs.dtype), reduction="none").mean(-1)
-        losses = (per * weight).sum(1) / count
+            outputs = self(x)
+            losses = self._losses(outputs, y, weight, count)
+            result = {"loss": losses.sum(), "outputs": outputs}
         if not self._train_paused:
             detached = outputs.detach()
             if self.task == "multiclass":
@@ -159,10 +164,65 @@ class StackedWorker(nn.Module):
             else:
                 correct = ((detached > 0) == y.bool()).float().mean(dim=-1)
             self.records.append((batch_idx, losses.detach(), correct))
-        return {"loss": losses.sum(), "outputs": outputs}
+        return result
+
+    def _losses(self, outputs: Tensor, y: Tensor, weight: Tensor, count: Tensor) -> Tensor:
+        """``[size]`` mean task losses over the real samples of outputs ``[size, B, ...]``."""
+        size, b = outputs.shape[:2]
+        if self.task == "multiclass":
+            per = F.cross_entropy(outputs.reshape(size * b, -1), y.reshape(-1), reduction="none")
+            per = per.view(size, b)
+        else:
+            per = F.binary_cross_entropy_with_logits(outputs, y.to(outputs.dtype), reduction="none").mean(-1)
+        return (per * weight).sum(1) / count
+
+    def _client_by_client(
+        self, x: Tensor, y: Tensor, weight: Tensor, count: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, losses [size], outputs [size, B, ...])`` with one client's forward and backward at a time.
+
+        ``loss`` has the sum of the clients' losses as its value and the clients' gradients ``G_n``
+        (stacked) as its gradient in the stacked parameters ``P_n``.
+        """
+        named = [(n, p) for n, p in self.net.named_parameters()]
+        trainable = [p for _, p in named if p.requires_grad]
+        grads = [torch.zeros_like(p) for p in trainable]
+        found_any = [False] * len(trainable)
+        losses, outputs = [], []
+        for k in range(self.size):
+            leaves = {n: p.detach()[k].requires_grad_(p.requires_grad) for n, p in named}
+            out = self._one(leaves, x[k])
+            loss = self._losses(out[None], y[k][None], weight[k][None], count[k][None])[0]
+            own = [leaves[n] for n, p in named if p.requires_grad]
+            found = torch.autograd.grad(loss, own, allow_unused=True)
+            pairs = [(g[k], f) for g, f in zip(grads, found) if f is not None]
+            if pairs:
+                torch._foreach_copy_([g for g, _ in pairs], [f for _, f in pairs])
+            found_any = [a or f is not None for a, f in zip(found_any, found)]
+            losses.append(loss.detach())
+            outputs.append(out.detach())
+        stacked_losses = torch.stack(losses)
+        used = [i for i, a in enumerate(found_any) if a]  # a parameter outside the loss keeps grad None
+        params, grads = [trainable[i] for i in used], [grads[i] for i in used]
+        total = _WithGrads.apply(stacked_losses.sum(), grads, *params) if params else stacked_losses.sum()
+        return total, stacked_losses, torch.stack(outputs)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Nothing (ClientModule's hook is Lightning's no-op; overriding it falls back)."""
+
+
+class _WithGrads(torch.autograd.Function):
+    """The value ``value`` whose gradient in ``params`` is ``grads`` (computed already), times the
+    incoming gradient: one multi-tensor multiply in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, grads: list[Tensor], *params: Tensor) -> Tensor:
+        ctx.grads = grads
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, out: Tensor) -> tuple[Tensor | None, ...]:
+        return (None, None, *torch._foreach_mul(ctx.grads, out))
 
 
 @dataclass
