@@ -92,8 +92,8 @@ class FederatedModule(LightningModule):
             CPU; or a mode name. Results equal eager training within float tolerance.
         vectorize: Train up to this many of a round's clients together as one batched computation
             (``torch.func.vmap`` over stacked parameters; each process its own share under DDP): the
-            same results as one at a time within float tolerance, several times faster on a GPU where
-            a client's small-batch step is launch-bound. 1 (default): one client at a time. Strategies
+            same results as one at a time within float tolerance, faster where a client's small-batch
+            step is launch-bound (GPUs). 1 (default): one client at a time. Strategies
             or models that cannot be vectorised (see README, "Vectorised clients") train one at a time
             with a one-line notice.
         vectorize_memory_gb: Device memory budget in GiB of a vectorised group; the group size is

@@ -8,7 +8,9 @@ the client dim, on the clients' own mini-batches stacked ``[C, B, ...]`` (a shor
 and its padding masked out of the client's mean loss). The loss is the SUM of the clients' losses, so
 one ordinary backward leaves each client's own gradient in its slice of ``.grad``; the strategy's
 hooks (:attr:`~fl_lightning.strategies.base.Strategy.vectorizable`) and the local ``torch.optim``
-optimizer (SGD, Adam, AdamW: elementwise, so per client exact) then run once for the group.
+optimizer (SGD, Adam, AdamW: elementwise, so per client exact) then run once for the group. On the
+CPU (:data:`VMAP_ON_CPU` off) the forward and backward run one client at a time instead, and only the
+rest of the step is batched.
 
 Each client keeps what makes its result its own: its batches (drawn from its own generator, seeded by
 ``(seed, round, client_id)`` exactly as in :func:`~fl_lightning.core.local.train_client`), its number

@@ -13,7 +13,7 @@ from fl_lightning.core import vectorized
 from fl_lightning.core.client import ClientModule
 from fl_lightning.core.vectorized import StackedWorker, group_size, stack_payloads, stack_states
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import MLP, Decomposed, SmallCNN
+from fl_lightning.models import MLP, Decomposed, SmallCNN, Tensorized
 from fl_lightning.strategies import FedAvg, get_strategy
 from fl_lightning.strategies.base import StrategyWrapper
 
@@ -45,6 +45,8 @@ class ClientLog(FederatedCallback):
 def _net(kind: str) -> nn.Module:
     if kind == "mlp":
         return MLP(in_features=64, num_classes=10, hidden=(16,))
+    if kind == "cp":
+        return Tensorized(SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16), ratio=2.0)
     if kind == "decomposed":
         return Decomposed(SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16), num_atoms=4)
     return SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16)
@@ -103,7 +105,7 @@ def test_vectorised_clients_equal_sequential_clients(tmp_path, monkeypatch, stra
 
 
 @pytest.mark.parametrize(
-    ("strategy", "net"), [("FedAvg", "mlp"), ("Scaffold", "mlp"), ("FedDyn", "decomposed")]
+    ("strategy", "net"), [("FedAvg", "mlp"), ("Scaffold", "mlp"), ("FedDyn", "decomposed"), ("FedProx", "cp")]
 )
 def test_vectorised_mlp_and_decomposed_layers(tmp_path, strategy, net):
     seq, vec = _fit(tmp_path, strategy, 1, net), _fit(tmp_path, strategy, 3, net)  # groups of 3 and 1
