@@ -5,20 +5,20 @@ client of the federation sampled each round, 10, 20 and 50 clients per round, 50
 50, FedAvg and FedSMOO (rho 0.1, beta 10, clip 10), on ``data.dataset=synthetic:cifar10`` (generated,
 IID, no download). For each (strategy, clients) the same data and model run sequentially
 (``vectorize=1``) and vectorised (``vectorize=clients``: one group per round, unless the memory budget
-splits it), each timed as the median of the rounds after a warm-up round, between device syncs;
-validation and client evaluation are off. Printed: seconds per round, the speed-up sequential /
+splits it), each timed as the fastest of the rounds after a warm-up round (the least disturbed by
+other jobs on a shared machine), between device syncs, with the two modes alternating ``--repeats``
+times; validation and client evaluation are off. Printed: seconds per round, the speed-up sequential /
 vectorised (targets on one GPU: >= 1.8x at 10 clients, >= 3x at 20, >= 5x at 50) and, on CUDA, the peak
 device memory of a vectorised round.
 
     python benchmarks/vectorized.py                                          # a GPU, the issue's sizes
-    python benchmarks/vectorized.py --device cpu --model small --local-steps 5 --rounds 2
+    python benchmarks/vectorized.py --device cpu --model small --local-steps 5 --rounds 3 --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import warnings
 from pathlib import Path
 
@@ -79,8 +79,7 @@ def round_times(
     if vectorize > 1 and (module.loop._notices or not module.loop._stacks):
         raise RuntimeError(f"{name} did not run vectorised: {module.loop._notices}")
     peak = module.history[-1].get("peak_memory_gb", float("nan"))
-    times = timer.times[1:] if len(timer.times) > 1 else timer.times
-    return statistics.median(times), peak
+    return timer.times[1:] if len(timer.times) > 1 else timer.times, peak
 
 
 def main() -> None:
@@ -94,6 +93,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=50)
     p.add_argument("--samples-per-client", type=int, default=500)
     p.add_argument("--rounds", type=int, default=3, help="rounds per measurement (the first is warm-up)")
+    p.add_argument("--repeats", type=int, default=1, help="measurements per mode, alternating")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.0)
     p.add_argument("--weight-decay", type=float, default=1e-3)
@@ -112,15 +112,19 @@ def main() -> None:
     print(
         f"device: {where}; torch {torch.__version__}\n"
         f"work per round: N clients x {args.local_steps} local steps, batch {args.batch_size}, {args.model}, "
-        f"synthetic:cifar10 (IID); median of rounds 2..{args.rounds}"
+        f"synthetic:cifar10 (IID); fastest of rounds 2..{args.rounds} over {args.repeats} run(s) per mode"
     )
     head = ("strategy", "clients", "sequential", "vectorised", "speed-up", "peak GiB")
     print("  {:8s} {:>7s} {:>11s} {:>11s} {:>9s} {:>9s}".format(*head))
     for name in args.strategies.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
             dm = make_data(args, clients)
-            seq, _ = round_times(args, dm, name, 1)
-            vec, peak = round_times(args, dm, name, clients)
+            seq_times, vec_times = [], []
+            for _ in range(args.repeats):
+                seq_times += round_times(args, dm, name, 1)[0]
+                more, peak = round_times(args, dm, name, clients)
+                vec_times += more
+            seq, vec = min(seq_times), min(vec_times)
             print(
                 f"  {name:8s} {clients:7d} {seq:10.3f}s {vec:10.3f}s {seq / vec:8.2f}x {peak:9.2f}",
                 flush=True,

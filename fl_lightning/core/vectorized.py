@@ -275,7 +275,7 @@ def train_stacked(
     stack.train()
     stack.records.clear()
     load_tensors(stack, ctx.message.get("weights", {}))
-    scaler_free = precision.train_step_context if precision is not None else contextlib.nullcontext
+    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
     trained: list[Trained | None] = [None] * size
     with _dropping(ctx.scratch):
         strategy.on_client_start(stack, ctx)
@@ -302,7 +302,7 @@ def train_stacked(
 
             def closure(batch: Any = batch, step: int = step) -> Tensor:
                 optimizer.zero_grad(set_to_none=True)
-                with scaler_free():
+                with step_ctx():
                     loss = step_loss(stack, strategy, ctx, batch, step)
                 loss.backward()
                 strategy.on_before_optimizer_step(stack, optimizer, ctx)
@@ -315,6 +315,8 @@ def train_stacked(
             for k, n in enumerate(steps):
                 if n == step + 1:
                     trained[k] = _take(stack, strategy, ctx, k, n, counts_by_step)
+    if any(t is None for t in trained):
+        raise UnvectorizableError("a client of the group ran no local step")
     return [t for t in trained if t is not None]
 
 
