@@ -68,6 +68,8 @@ class LocalConfig:
     grad_clip_norm: float | None = None
     seed: int = 0
     compile: bool | str = False
+    vectorize: int = 1
+    vectorize_memory_gb: float | None = None
 
     def compile_mode(self, device: torch.device) -> str | None:
         """The ``torch.compile`` mode of the clients' forward pass (None: eager).
@@ -111,10 +113,7 @@ def train_client(
     """
     device = next(worker.parameters()).device
     cid = data.client_id
-    seed = derive_seed(config.seed, _CLIENT_STREAM, round, cid)
-    fork_devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
-        seed_rng(seed, device)
+    with client_rng(config.seed, round, cid, device) as seed:
         generator = torch.Generator().manual_seed(seed)
         compile_worker(worker, config.compile_mode(device))
         load_tensors(worker, message.get("weights", {}))
@@ -141,16 +140,47 @@ def train_client(
                 group["lr"] = group["lr"] * decay
             ctx.lr = optimizer.param_groups[0]["lr"]
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
-            upload = strategy.upload(worker, ctx)
-            upload = strategy.process_upload(upload, ctx)  # clipping/noise/compression: bytes_up counts this
-            metrics = worker.train_stats()
-            train_state = worker.train_state()
-            if eval_metrics is not None and data.test_idx.numel() > 0:
-                eval_metrics.reset()
-                evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
-                metrics.update({f"local_{k}": v for k, v in eval_metrics.compute().items()})
+            return client_result(worker, strategy, ctx, message, data, config, precision, eval_metrics)
+
+
+def client_seed(seed: int, round: int, client_id: int) -> int:
+    """The seed of a client's RNG stream in ``round`` (its batch order, its default-RNG draws)."""
+    return derive_seed(seed, _CLIENT_STREAM, round, client_id)
+
+
+@contextlib.contextmanager
+def client_rng(seed: int, round: int, client_id: int, device: torch.device) -> Iterator[int]:
+    """The client's RNG stream: the default RNGs (CPU, and ``device`` if CUDA) seeded from
+    ``(seed, round, client_id)`` and restored afterwards; yields the derived seed (for its generator)."""
+    derived = client_seed(seed, round, client_id)
+    fork_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
+        seed_rng(derived, device)
+        yield derived
+
+
+def client_result(
+    worker: ClientModule,
+    strategy: Strategy,
+    ctx: ClientContext,
+    message: Payload,
+    data: ClientData,
+    config: LocalConfig,
+    precision: Any = None,
+    eval_metrics: TaskMetrics | None = None,
+) -> ClientResult:
+    """The end of a client's work after its local steps: upload, metrics, local evaluation
+    (``bytes_down`` counts ``message``, what the server sent, whatever the hooks made of ``ctx.message``)."""
+    upload = strategy.upload(worker, ctx)
+    upload = strategy.process_upload(upload, ctx)  # clipping/noise/compression: bytes_up counts this
+    metrics = worker.train_stats()
+    train_state = worker.train_state()
+    if eval_metrics is not None and data.test_idx.numel() > 0:
+        eval_metrics.reset()
+        evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
+        metrics.update({f"local_{k}": v for k, v in eval_metrics.compute().items()})
     return ClientResult(
-        cid,
+        ctx.client_id,
         upload,
         ctx.state,
         data.num_samples,

@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from fl_lightning.core.attack import SimulatedAttack
@@ -23,7 +24,14 @@ from fl_lightning.core.client import ClientModule, merge_train_states
 from fl_lightning.core.distributed import all_gather_objects, is_distributed
 from fl_lightning.core.local import LocalConfig, train_client
 from fl_lightning.core.metrics import TaskMetrics
-from fl_lightning.core.types import ClientResult, RoundInfo, RoundResult
+from fl_lightning.core.types import ClientResult, Payload, RoundInfo, RoundResult
+from fl_lightning.core.vectorized import (
+    StackedWorker,
+    cannot_vectorize,
+    finish_client,
+    group_size,
+    train_stacked,
+)
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.sampling import sample_clients
@@ -77,6 +85,9 @@ class FederatedLoop:
     clients_per_round: int | None = None
     tolerate_client_failures: bool = True
     attack: SimulatedAttack | None = None
+    _fits: int | None = field(default=None, init=False, repr=False)
+    _stacks: dict[tuple[Any, ...], StackedWorker] = field(default_factory=dict, init=False, repr=False)
+    _notices: set[str] = field(default_factory=set, init=False, repr=False)
 
     def malicious(self, num_clients: int) -> frozenset[int]:
         """The clients :attr:`attack` makes malicious (drawn from the run seed ``config.seed``)."""
@@ -117,24 +128,15 @@ class FederatedLoop:
         mine = sampled if assigned is None else assigned
         agg = strategy.aggregator()
         result = RoundResult(means={}, info=RoundInfo(round, sampled, [], len(clients)))
-        personal = strategy.personal_names(model)
-        initial = {n: t for n, t in model.state_dict().items() if n in personal}
+        device = next(worker.parameters()).device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         malicious = self.malicious(len(clients))
-        for i, cid in enumerate(mine):
-            message = strategy.message(model, cid, round)
-            load_tensors(worker, initial)  # a client's first round starts its personal layers from init
+        outcomes = self._train(round, model, worker, strategy, clients, store, precision, eval_metrics, mine)
+        for i, (cid, message, res) in enumerate(outcomes):
             try:
-                res = train_client(
-                    worker,
-                    strategy,
-                    message,
-                    store.get(cid),
-                    clients[cid],
-                    round,
-                    self.config,
-                    precision,
-                    eval_metrics,
-                )
+                if isinstance(res, BaseException):
+                    raise res
                 if cid in malicious:  # what a malicious client sends instead (same size: bytes_up holds)
                     res.upload = self.attack.apply(res.upload, message)
                 if not all_finite(res.upload):
@@ -158,6 +160,8 @@ class FederatedLoop:
             result.bytes_up += res.bytes_up
             if on_client_end is not None:
                 on_client_end(i, len(mine), res)
+        if device.type == "cuda":
+            result.peak_memory_gb = torch.cuda.max_memory_allocated(device) / 2**30
         if is_distributed():
             agg.combine(next(worker.parameters()).device)
             _exchange(result, store)
@@ -167,6 +171,126 @@ class FederatedLoop:
         result.means = strategy.process_aggregate(agg.means(), result.info)
         result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
         return result
+
+    def _train(
+        self,
+        round: int,
+        model: nn.Module,
+        worker: ClientModule,
+        strategy: Strategy,
+        clients: list[ClientData],
+        store: Any,
+        precision: Any,
+        eval_metrics: TaskMetrics | None,
+        mine: list[int],
+    ) -> Iterator[tuple[int, Payload, ClientResult | Exception]]:
+        """``(client, message, result or the exception it raised)`` for each client of ``mine``, in order.
+
+        One client at a time, or (``config.vectorize > 1``) groups of consecutive clients trained as one
+        batched computation (:mod:`fl_lightning.core.vectorized`); a group that cannot be stacked is
+        trained one client at a time. Each result is consumed before the next is computed (an upload may
+        alias the worker).
+        """
+        size = self._group_size(worker, strategy, clients, mine, precision)
+        personal = strategy.personal_names(model)
+        initial = {n: t for n, t in model.state_dict().items() if n in personal}
+        for start in range(0, len(mine), size):
+            group = mine[start : start + size]
+            trained = None
+            if len(group) > 1:
+                messages = [strategy.message(model, cid, round) for cid in group]
+                states = [store.get(cid) for cid in group]
+                try:
+                    stack = self._stack(worker, len(group))
+                    datas = [clients[cid] for cid in group]
+                    trained = train_stacked(
+                        stack, strategy, messages, states, datas, round, self.config, precision
+                    )
+                except Exception as err:  # e.g. a hook that does not broadcast: train them one at a time
+                    self._notice(
+                        f"model.vectorize: a group of {len(group)} clients was trained one at a time "
+                        f"({one_line(err)}); further such groups are not reported",
+                        key="runtime",
+                    )
+            if trained is not None:
+                for cid, message, state, done in zip(group, messages, states, trained, strict=True):
+                    try:
+                        res: ClientResult | Exception = finish_client(
+                            worker,
+                            strategy,
+                            message,
+                            state,
+                            clients[cid],
+                            done,
+                            round,
+                            self.config,
+                            precision,
+                            eval_metrics,
+                        )
+                    except Exception as err:
+                        res = err
+                    yield cid, message, res
+                continue
+            for cid in group:
+                message = strategy.message(model, cid, round)
+                load_tensors(worker, initial)  # a client's first round starts its personal layers from init
+                try:
+                    res = train_client(
+                        worker,
+                        strategy,
+                        message,
+                        store.get(cid),
+                        clients[cid],
+                        round,
+                        self.config,
+                        precision,
+                        eval_metrics,
+                    )
+                except Exception as err:
+                    res = err
+                yield cid, message, res
+
+    def _group_size(
+        self,
+        worker: ClientModule,
+        strategy: Strategy,
+        clients: list[ClientData],
+        mine: list[int],
+        precision: Any,
+    ) -> int:
+        """Clients per vectorised group this round (1: sequential), with the run's one notice on why."""
+        requested = self.config.vectorize
+        if requested <= 1 or len(mine) <= 1:
+            return 1
+        reason = cannot_vectorize(worker, strategy, self.config, precision)
+        if reason is not None:
+            self._notice(f"model.vectorize={requested}: clients train one at a time: {reason}")
+            return 1
+        if self._fits is None:
+            largest = max(clients, key=lambda d: d.num_samples)
+            fits, note = group_size(
+                requested, worker, largest, self.config.batch_size, self.config.vectorize_memory_gb
+            )
+            self._fits = fits
+            log.info("model.vectorize=%d: groups of up to %d clients (%s)", requested, fits, note)
+        return min(self._fits, len(mine))
+
+    def _stack(self, worker: ClientModule, size: int) -> StackedWorker:
+        """The stacked worker for ``size`` clients (kept for the next rounds; at most two sizes)."""
+        key = (id(worker), next(worker.parameters()).device, size)
+        stack = self._stacks.get(key)
+        if stack is None:
+            if len(self._stacks) >= 2:
+                self._stacks.pop(min(self._stacks, key=lambda k: k[2]))
+            stack = self._stacks[key] = StackedWorker(worker, size)
+        return stack
+
+    def _notice(self, text: str, key: str | None = None) -> None:
+        """Log ``text`` once per run, or only the first text of ``key`` (a warning: slower than asked)."""
+        key = text if key is None else key
+        if key not in self._notices:
+            self._notices.add(key)
+            log.warning(text)
 
 
 def _exchange(result: RoundResult, store: Any) -> None:

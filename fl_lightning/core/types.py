@@ -44,6 +44,11 @@ class ClientContext:
             (FedCOG). None when a context is built outside the round loop.
         seed: The run seed (``model.seed``, i.e. ``seed_everything``): derive any per-run draw of the
             strategy from it (e.g. the ``Attack`` plug-in's malicious clients).
+        stacked: 0 for one client. ``C > 0`` while the local steps of ``C`` clients run as one batched
+            computation (``model.vectorize``): the module's parameters and gradients, ``state`` and the
+            message's per-client entries then hold the clients along dim 0 (``[C, *shape]``), and
+            reductions over a client's parameters must be per client (see
+            :attr:`fl_lightning.strategies.base.Strategy.vectorizable`).
     """
 
     client_id: int
@@ -58,6 +63,7 @@ class ClientContext:
     scratch: dict[str, Any] = field(default_factory=dict)
     data: ClientData | None = None
     seed: int = 0
+    stacked: int = 0
 
 
 @dataclass
@@ -107,6 +113,8 @@ class RoundResult:
     #: One line on the first failure of the round (``client <id>: <Type>: <message>``), "" if none.
     error: str = ""
     train_states: dict[int, TrainState] = field(default_factory=dict)
+    #: Peak device memory allocated during the round's local training in GiB (CUDA only; None elsewhere).
+    peak_memory_gb: float | None = None
 
 
 __all__ = ["ClientContext", "ClientResult", "Payload", "RoundInfo", "RoundResult", "TrainState"]

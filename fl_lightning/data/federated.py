@@ -52,6 +52,12 @@ class ClientData:
         The last batch of a pass may be smaller (no sample is dropped). Shuffling draws from
         ``generator`` only, so the order is a function of the client's RNG stream.
         """
+        for idx in self.batch_indices(batch_size, num_steps, generator):
+            yield self.x[idx], self.y[idx]
+
+    def batch_indices(self, batch_size: int, num_steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+        """The row indices into ``x``/``y`` of the mini-batches of :meth:`batches` (same draws, same order);
+        the vectorised round gathers several clients' batches with one indexing."""
         n = self.num_samples
         done = 0
         while done < num_steps:
@@ -59,8 +65,7 @@ class ClientData:
                 self.x.device, non_blocking=True
             )
             for start in range(0, n, batch_size):
-                idx = order[start : start + batch_size]
-                yield self.x[idx], self.y[idx]
+                yield order[start : start + batch_size]
                 done += 1
                 if done == num_steps:
                     return

@@ -25,8 +25,12 @@ Grads = list[Tensor | None]
 
 
 @torch.no_grad()
-def global_norm(tensors: Iterable[Tensor | None]) -> Tensor:
+def global_norm(tensors: Iterable[Tensor | None], stacked: bool = False) -> Tensor:
     """The L2 norm of the concatenation of ``tensors`` (None entries skipped): ``sqrt(sum_j ||t_j||^2)``.
+
+    ``stacked=True``: every tensor holds ``C`` clients along dim 0 (vectorised clients) and the result is
+    the ``[C]`` vector of each client's own global norm ``sqrt(sum_j ||t_j[c]||^2)`` (one concatenation
+    of the flattened tensors and one norm over dim 1 per dtype).
 
     One norm across all tensors, never a per-tensor norm (spec P1, P20). Computed as the reference
     does, ``||(||t_1||, ..., ||t_n||)||``, with one multi-tensor ``torch._foreach_norm`` per dtype and
@@ -37,6 +41,8 @@ def global_norm(tensors: Iterable[Tensor | None]) -> Tensor:
     present = [t for t in tensors if t is not None]
     if not present:
         return torch.zeros(())
+    if stacked:
+        return _client_norms(present)
     groups = _by_device_and_dtype(present)
     norms: list[Tensor] = []
     for (_, dtype), group in groups.items():
@@ -45,6 +51,28 @@ def global_norm(tensors: Iterable[Tensor | None]) -> Tensor:
         first = present[0].device
         norms = [n.to(first, torch.promote_types(n.dtype, torch.float32)) for n in norms]
     return torch.linalg.vector_norm(torch.stack(norms), 2)
+
+
+def _client_norms(tensors: Sequence[Tensor]) -> Tensor:
+    """``[C]`` per-client global norms of tensors stacked over ``C`` clients along dim 0."""
+    first = tensors[0]
+    squares = [
+        torch.linalg.vector_norm(
+            torch.cat([t.reshape(t.shape[0], -1) for t in group], 1),
+            2,
+            dim=1,
+            dtype=_accumulation_dtype(dtype),
+        )
+        .to(first.device)
+        .square()
+        for (_, dtype), group in _by_device_and_dtype(tensors).items()
+    ]
+    return torch.stack(squares).sum(0).sqrt() if len(squares) > 1 else squares[0].sqrt()
+
+
+def per_client(scale: Tensor, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``scale`` (``[C]``) as ``[C, 1, ..., 1]`` views broadcasting against each ``[C, ...]`` tensor."""
+    return [scale.view(-1, *([1] * (t.dim() - 1))) for t in tensors]
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -68,18 +96,19 @@ def global_grad_norm(params: Iterable[Tensor]) -> Tensor:
 
 
 @torch.no_grad()
-def clip_grads_(params: Sequence[Tensor], max_norm: float) -> Tensor:
+def clip_grads_(params: Sequence[Tensor], max_norm: float, stacked: bool = False) -> Tensor:
     """Scale the gradients of ``params`` to global norm at most ``max_norm``; returns the norm before.
 
     The rule of ``torch.nn.utils.clip_grad_norm_``, ``g <- g * min(1, max_norm / (||g|| + 1e-6))``
     with one global norm, without its per-tensor device copies of the partial norms: one
-    :func:`global_norm` and one multi-tensor multiply, no host sync.
+    :func:`global_norm` and one multi-tensor multiply, no host sync. ``stacked=True``: clients stacked
+    along dim 0, each clipped by its own global norm (returns the ``[C]`` norms).
     """
     grads = [p.grad for p in params if p.grad is not None]
-    total = global_norm(grads)
+    total = global_norm(grads, stacked)
     if grads:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).to(grads[0].dtype)
-        torch._foreach_mul_(grads, coef)
+        torch._foreach_mul_(grads, per_client(coef, grads) if stacked else coef)
     return total
 
 
@@ -89,17 +118,20 @@ def missing(tensors: Sequence[Tensor | None]) -> bool:
 
 
 @torch.no_grad()
-def sam_offsets(direction: Sequence[Tensor | None], rho: float, eps: float = NORM_EPS) -> Grads:
+def sam_offsets(
+    direction: Sequence[Tensor | None], rho: float, eps: float = NORM_EPS, stacked: bool = False
+) -> Grads:
     """The SAM perturbation ``e_j = rho * d_j / (||d|| + eps)``, ``||d||`` the global norm of ``direction``.
 
     ``rho = 0`` gives exact zeros. None entries (parameters without a gradient) stay None. One
-    global norm and one multi-tensor multiply by the 0-dim scale (no host sync).
+    global norm and one multi-tensor multiply by the 0-dim scale (no host sync). ``stacked=True``:
+    clients stacked along dim 0, each normalised by its own global norm.
     """
     present = [d for d in direction if d is not None]
     if not present:
         return [None] * len(direction)
-    scale = (rho / (global_norm(present) + eps)).to(present[0].dtype)
-    scaled = iter(torch._foreach_mul(present, scale))
+    scale = (rho / (global_norm(present, stacked) + eps)).to(present[0].dtype)
+    scaled = iter(torch._foreach_mul(present, per_client(scale, present) if stacked else scale))
     return [None if d is None else next(scaled) for d in direction]
 
 

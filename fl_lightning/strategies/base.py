@@ -36,12 +36,42 @@ Personal entries (never communicated) are named by :meth:`personal_names`; the b
 in ``ctx.state["personal/<name>"]``: :meth:`on_client_start` loads them (a client's first round
 starts from the global model's initial values), :meth:`upload` saves them, :meth:`personalize`
 loads them for evaluation. Subclasses that override these hooks call ``super()``.
+
+Vectorised clients (``model.vectorize=C``): the loop may run the local steps of up to ``C`` clients as one
+batched computation. A strategy opts in by setting ``vectorizable = True`` in its OWN class body (the
+attribute is not inherited, since a subclass may add terms that do not vectorise) when its client hooks
+obey this contract; otherwise the round falls back to one client at a time with a one-line notice:
+
+- ``on_client_start``, ``configure_client_optimizer``, ``local_loss``, ``local_step``,
+  ``on_before_optimizer_step`` and ``on_after_optimizer_step`` are then called ONCE for the group on a
+  stacked module whose parameters (same names) and gradients are ``[C, *shape]``, with a stacked
+  context (``ctx.stacked == C``): ``ctx.state`` holds every client's entries stacked along dim 0 (an
+  entry a client does not have is zeros: opt in only if a missing entry means zero), and each message
+  entry is either shared (the same tensor for every client, unstacked) or stacked. In these calls
+  ``ctx.client_id`` is -1, ``ctx.data`` None and ``ctx.num_steps`` the group's largest.
+- The per-step terms are elementwise (``torch._foreach_*`` on aligned lists broadcast over the client
+  dim): FedProx's ``mu/2 ||w - w^t||^2`` summed over clients, SCAFFOLD's ``c - c_i``, FedDyn's
+  ``alpha (w - w^t) - lambda_i``. A ``local_loss`` is the SUM of the clients' terms, so one backward gives
+  each client its own gradient; its ``outputs`` are ``[C, B, ...]`` under vmap and None on the CPU
+  (where the group's forward runs client by client). Reductions over a client's parameters (global
+  norms for clipping or a SAM perturbation) pass ``stacked=ctx.stacked > 0`` to
+  :func:`~fl_lightning.functional.sharpness.global_norm`, ``clip_grads_`` or ``sam_offsets``.
+- New per-client tensors created during the steps are created like a parameter or gradient (so they
+  are stacked), not like a message entry. Step-to-step values that :meth:`upload` reads from
+  ``ctx.scratch`` are listed in :attr:`vector_scratch` (tensors stacked along dim 0, or plain Python
+  values); a client's values are taken when its own last step is done (clients with fewer steps stop
+  there, whatever the group does afterwards).
+- No randomness from the global RNG during the steps (batch order comes from the client's generator).
+- :meth:`upload` and :meth:`process_upload` run per client, exactly as in the sequential round, on the
+  worker holding that client's trained weights, after :meth:`on_client_start` was called again on it
+  (with its message and its state at the start of the round) and the final ``ctx.state`` entries and
+  :attr:`vector_scratch` values were put into its context.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -68,6 +98,12 @@ class Strategy(nn.Module):
 
     #: Registry name (set by subclasses; used by :func:`fl_lightning.strategies.list_strategies`).
     name: str = ""
+    #: The client hooks follow the vectorised-clients contract (module docstring); read from the class's
+    #: own body only, never inherited.
+    vectorizable: ClassVar[bool] = False
+    #: ``ctx.scratch`` keys whose per-step values :meth:`upload` reads (taken per client after its last
+    #: step in a vectorised round).
+    vector_scratch: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -263,6 +299,19 @@ class Strategy(nn.Module):
         """
         return ""
 
+    def cannot_vectorize(self, module: nn.Module) -> str | None:
+        """Why this strategy's clients cannot be trained vectorised on ``module`` (None: they can).
+
+        Default: not unless the class itself sets :attr:`vectorizable` (see the module docstring), and
+        never with personal layers (a client's first round starts them from the initial model).
+        """
+        cls = type(self)
+        if cls.__dict__.get("vectorizable") is not True:
+            return f"{cls.__name__} does not declare vectorizable local terms"
+        if self.personal_names(module):
+            return f"{cls.__name__} keeps personal layers"
+        return None
+
     def extra_repr(self) -> str:
         return f"server_lr={self.server_lr}"
 
@@ -374,6 +423,11 @@ class StrategyWrapper(Strategy):
 
     def stop_reason(self, round: int) -> str:
         return self.base.stop_reason(round)
+
+    def cannot_vectorize(self, module: nn.Module) -> str | None:
+        """The base's reason, else the wrapper's own (a plug-in declares :attr:`vectorizable` itself)."""
+        reason = self.base.cannot_vectorize(module)
+        return reason if reason is not None else super().cannot_vectorize(module)
 
     def extra_repr(self) -> str:
         return ""

@@ -21,3 +21,4 @@ class FedAvg(Strategy):
     """
 
     name = "fedavg"
+    vectorizable = True

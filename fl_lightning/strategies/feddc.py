@@ -64,6 +64,7 @@ class FedDC(Scaffold):
     """
 
     name = "feddc"
+    vectorizable = True  # alpha (theta + h_i - w) + c - c_i is elementwise
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

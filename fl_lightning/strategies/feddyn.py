@@ -63,6 +63,7 @@ class FedDyn(Strategy):
     """
 
     name = "feddyn"
+    vectorizable = True  # alpha (w - w^t) - lambda_i is elementwise
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

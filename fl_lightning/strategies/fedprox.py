@@ -32,6 +32,7 @@ class FedProx(Strategy):
     """
 
     name = "fedprox"
+    vectorizable = True  # the proximal term sums over stacked clients
 
     def __init__(self, mu: float = 0.01, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

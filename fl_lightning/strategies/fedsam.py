@@ -35,6 +35,7 @@ class FedSAM(SharpnessAware, FedAvg):
     """
 
     name = "fedsam"
+    vectorizable = True  # per-client norms through ctx.stacked
 
     def __init__(self, rho: float = 0.01, clip_norm: float | None = 10.0, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -73,6 +73,8 @@ class FedSMOO(SharpnessAware, FedDyn):
     """
 
     name = "fedsmoo"
+    vectorizable = True  # per-client norms through ctx.stacked; mu_i lives in ctx.state
+    vector_scratch = (LAST,)
 
     def __init__(
         self,
@@ -109,18 +111,19 @@ class FedSMOO(SharpnessAware, FedDyn):
         return {**super().message(model, client_id, round), GROUP: self.perturbation.as_dict()}
 
     # ---------------------------------------------------------------------------------- client side
-    def _duals(self, ctx: ClientContext, names: list[str]) -> tuple[list[Tensor], list[Tensor]]:
+    def _duals(self, ctx: ClientContext, names: list[str], like: Grads) -> tuple[list[Tensor], list[Tensor]]:
         """``(mu_i, s)`` as lists aligned with ``names``, built once per client and round.
 
-        ``mu_i`` starts at zero for a client never sampled (materialised in ``ctx.state``, updated in
-        place at every step). Rebuilt only if a step hands over another list of names (a parameter
-        without a gradient in that step's first pass).
+        ``mu_i`` starts at zero for a client never sampled (materialised in ``ctx.state`` like the
+        gradients ``like``, so stacked with them for vectorised clients; updated in place at every step).
+        Rebuilt only if a step hands over another list of names (a parameter without a gradient in that
+        step's first pass).
         """
         cached = ctx.scratch.get(_LISTS)
         if cached is not None and cached[0] is names:
             return cached[1], cached[2]
         s = [ctx.message[GROUP][n] for n in names]
-        for n, t in zip(names, s):
+        for n, t in zip(names, like):
             if MU + n not in ctx.state:
                 ctx.state[MU + n] = torch.zeros_like(t)
         mu = [ctx.state[MU + n] for n in names]
@@ -131,14 +134,14 @@ class FedSMOO(SharpnessAware, FedDyn):
     def ascent_direction(
         self, module: nn.Module, ctx: ClientContext, names: list[str], grads: Grads
     ) -> Grads:
-        mu, s = self._duals(ctx, names)
+        mu, s = self._duals(ctx, names, grads)
         return torch._foreach_sub(grads, torch._foreach_add(mu, s))  # d = g - (mu_i + s)
 
     @torch.no_grad()
     def on_perturbation(
         self, module: nn.Module, ctx: ClientContext, names: list[str], offsets: Grads
     ) -> None:
-        mu, s = self._duals(ctx, names)
+        mu, s = self._duals(ctx, names, offsets)
         torch._foreach_add_(mu, torch._foreach_sub(offsets, s))  # mu_i <- mu_i + (s_hat - s), line 9
         ctx.scratch[LAST] = (names, offsets)
 

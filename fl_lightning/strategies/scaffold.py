@@ -73,6 +73,8 @@ class Scaffold(Strategy):
     """
 
     name = "scaffold"
+    vectorizable = True  # c - c_i and the raw-gradient sum are elementwise
+    vector_scratch = (GRAD_SUM, GRAD_STEPS)
 
     def setup(self, model: nn.Module, num_clients: int) -> None:
         super().setup(model, num_clients)

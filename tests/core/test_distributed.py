@@ -121,3 +121,12 @@ def test_failing_clients_are_excluded_on_any_process(tmp_path, monkeypatch):
     two = _run(tmp_path / "two", 2, *extra)
     assert [r["failed"] for r in two["fl_lightning"]["history"]] == [4, 4, 4]
     assert all(torch.isfinite(v).all() for v in two["state_dict"].values())
+
+
+@pytest.mark.slow
+def test_two_processes_with_vectorised_clients_match_one_sequential_process(tmp_path, monkeypatch):
+    """Each process vectorises its own share of the round (here 2 of 3 clients on one, 1 on the other)."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    one = _run(tmp_path / "one", 1, "--model.strategy=Scaffold")
+    two = _run(tmp_path / "two", 2, "--model.strategy=Scaffold", "--model.vectorize=4")
+    _assert_same_run(one, two)

@@ -5,7 +5,14 @@ import math
 import torch
 from torch import nn
 
-from fl_lightning.functional.sharpness import global_grad_norm, global_norm, perturb, restore, sam_offsets
+from fl_lightning.functional.sharpness import (
+    clip_grads_,
+    global_grad_norm,
+    global_norm,
+    perturb,
+    restore,
+    sam_offsets,
+)
 
 
 def test_global_norm_is_one_norm_over_the_concatenation():
@@ -40,3 +47,30 @@ def test_restore_is_bit_exact_where_subtracting_the_offset_is_not():
     assert torch.equal(p.detach(), w + e)
     restore([p], saved)
     assert torch.equal(p.detach(), w)
+
+
+# ------------------------------------------------------------------------ stacked clients (vectorised)
+def test_stacked_norms_clipping_and_offsets_are_per_client():
+    torch.manual_seed(0)
+    stacked = [torch.randn(3, 4, 2), torch.randn(3, 5) * 10, torch.randn(3)]
+    norms = global_norm(stacked, stacked=True)
+    assert norms.shape == (3,)
+    for k in range(3):
+        own = [t[k] for t in stacked]
+        torch.testing.assert_close(norms[k], global_norm(own))
+    offsets = sam_offsets(stacked, 0.5, stacked=True)
+    for k in range(3):
+        own = sam_offsets([t[k] for t in stacked], 0.5)
+        for e, o in zip(offsets, own):
+            torch.testing.assert_close(e[k], o)
+    params = [torch.zeros_like(t, requires_grad=True) for t in stacked]
+    for p, t in zip(params, stacked):
+        p.grad = t.clone()
+    clip_grads_(params, 1.0, stacked=True)
+    for k in range(3):
+        own = [torch.zeros_like(t[k], requires_grad=True) for t in stacked]
+        for p, t in zip(own, stacked):
+            p.grad = t[k].clone()
+        clip_grads_(own, 1.0)
+        for p, o in zip(params, own):
+            torch.testing.assert_close(p.grad[k], o.grad)

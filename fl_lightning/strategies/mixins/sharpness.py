@@ -136,7 +136,9 @@ class SharpnessAware:
                 keep = [i for i, g in enumerate(grads) if g is not None]
                 params, names = [params[i] for i in keep], [names[i] for i in keep]
                 grads, saved = [grads[i] for i in keep], [saved[i] for i in keep]
-            offsets = sam_offsets(self.ascent_direction(module, ctx, names, grads), self.rho)
+            offsets = sam_offsets(
+                self.ascent_direction(module, ctx, names, grads), self.rho, stacked=ctx.stacked > 0
+            )
             self.on_perturbation(module, ctx, names, offsets)
             perturb(params, offsets, saved)
             with _frozen_train_stats(module):
@@ -151,7 +153,7 @@ class SharpnessAware:
             extra.backward()
         base.on_before_optimizer_step(module, optimizer, ctx)
         if self.clip_norm is not None:
-            clip_grads_(_trainable(module, optimizer, ctx)[0], self.clip_norm)
+            clip_grads_(_trainable(module, optimizer, ctx)[0], self.clip_norm, stacked=ctx.stacked > 0)
         optimizer.step()
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:

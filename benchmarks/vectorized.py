@@ -1,0 +1,135 @@
+"""Round time of vectorised clients (``model.vectorize``) against one client at a time; ratios from one run.
+
+Work (defaults, the setting of issue 14): ResNet-18-GN (``resnet18_gn`` in the model registry), every
+client of the federation sampled each round, 10, 20 and 50 clients per round, 50 local SGD steps at batch
+50, FedAvg and FedSMOO (rho 0.1, beta 10, clip 10), on ``data.dataset=synthetic:cifar10`` (generated,
+IID, no download). For each (strategy, clients) the same data and model run sequentially
+(``vectorize=1``) and vectorised (``vectorize=clients``: one group per round, unless the memory budget
+splits it), each timed as the fastest of the rounds after a warm-up round (the least disturbed by
+other jobs on a shared machine), between device syncs, with the two modes alternating ``--repeats``
+times; validation and client evaluation are off. Printed: seconds per round, the speed-up sequential /
+vectorised (targets on one GPU: >= 1.8x at 10 clients, >= 3x at 20, >= 5x at 50) and, on CUDA, the peak
+device memory of a vectorised round.
+
+    python benchmarks/vectorized.py                                          # a GPU, the issue's sizes
+    python benchmarks/vectorized.py --device cpu --model small --local-steps 5 --rounds 3 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from common import bare_trainer
+from gpu import RoundTimer
+
+from fl_lightning.core.client import ClientModule
+from fl_lightning.core.module import FederatedModule
+from fl_lightning.data import IID, FederatedDataModule
+from fl_lightning.data.datasets import SyntheticData
+from fl_lightning.models import SmallCNN, create_model
+from fl_lightning.strategies import FedAvg, FedSMOO, Strategy
+
+
+def make_net(args: argparse.Namespace) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if args.model == "resnet18_gn":
+        return create_model("resnet18_gn", num_classes=10, in_channels=3)
+    return SmallCNN(in_channels=3, num_classes=10, width=args.width, hidden=64)
+
+
+def make_data(args: argparse.Namespace, clients: int) -> FederatedDataModule:
+    dm = FederatedDataModule(
+        "synthetic:cifar10",
+        num_clients=clients,
+        partition=IID(),
+        batch_size=args.batch_size,
+        local_test_fraction=0.0,
+        synthetic=SyntheticData(train_size=clients * args.samples_per_client, test_size=100),
+    )
+    dm.setup("fit")
+    return dm
+
+
+def strategy(name: str) -> Strategy:
+    return FedAvg() if name == "FedAvg" else FedSMOO(beta=10.0, rho=0.1, clip_norm=10.0)
+
+
+def round_times(
+    args: argparse.Namespace, dm: FederatedDataModule, name: str, vectorize: int
+) -> tuple[float, float]:
+    """(median seconds per round after the warm-up, peak device memory in GiB or NaN)."""
+    device = torch.device(args.device)
+    client = ClientModule(make_net(args), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    module = FederatedModule(
+        client,
+        strategy(name),
+        local_steps=args.local_steps,
+        eval_clients_every=0,
+        vectorize=vectorize,
+        vectorize_memory_gb=args.memory_gb,
+        threads_per_process=args.threads,
+    )
+    timer = RoundTimer(device)
+    trainer = bare_trainer(args.rounds, device, callbacks=[timer], default_root_dir=str(Path(args.root)))
+    trainer.fit(module, datamodule=dm)
+    if vectorize > 1 and (module.loop._notices or not module.loop._stacks):
+        raise RuntimeError(f"{name} did not run vectorised: {module.loop._notices}")
+    peak = module.history[-1].get("peak_memory_gb", float("nan"))
+    return timer.times[1:] if len(timer.times) > 1 else timer.times, peak
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", choices=["resnet18_gn", "small"], default="resnet18_gn")
+    p.add_argument("--width", type=int, default=16, help="SmallCNN width (--model small)")
+    p.add_argument("--clients", default="10,20,50", help="clients per round, comma-separated")
+    p.add_argument("--strategies", default="FedAvg,FedSMOO")
+    p.add_argument("--local-steps", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--samples-per-client", type=int, default=500)
+    p.add_argument("--rounds", type=int, default=3, help="rounds per measurement (the first is warm-up)")
+    p.add_argument("--repeats", type=int, default=1, help="measurements per mode, alternating")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=1e-3)
+    p.add_argument("--memory-gb", type=float, default=None, help="model.vectorize_memory_gb (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads per process")
+    p.add_argument("--root", default="/tmp/fl_lightning_vectorized_benchmark")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"CPU, {args.threads or torch.get_num_threads()} threads"
+    print(
+        f"device: {where}; torch {torch.__version__}\n"
+        f"work per round: N clients x {args.local_steps} local steps, batch {args.batch_size}, {args.model}, "
+        f"synthetic:cifar10 (IID); fastest of rounds 2..{args.rounds} over {args.repeats} run(s) per mode"
+    )
+    head = ("strategy", "clients", "sequential", "vectorised", "speed-up", "peak GiB")
+    print("  {:8s} {:>7s} {:>11s} {:>11s} {:>9s} {:>9s}".format(*head))
+    for name in args.strategies.split(","):
+        for clients in (int(c) for c in args.clients.split(",")):
+            dm = make_data(args, clients)
+            seq_times, vec_times = [], []
+            for _ in range(args.repeats):
+                seq_times += round_times(args, dm, name, 1)[0]
+                more, peak = round_times(args, dm, name, clients)
+                vec_times += more
+            seq, vec = min(seq_times), min(vec_times)
+            print(
+                f"  {name:8s} {clients:7d} {seq:10.3f}s {vec:10.3f}s {seq / vec:8.2f}x {peak:9.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
