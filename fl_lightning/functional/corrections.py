@@ -185,5 +185,5 @@ def fedcm_directions_(params: Tensors, momenta: Tensors, alpha: float) -> None:
         torch._foreach_add_(gs, ms, alpha=1.0 - alpha)
     if len(present) < len(grads):
         for p, m in zip(params, momenta):
-            if p.grad is None:
-                p.grad = m.mul(1.0 - alpha)
+            if p.grad is None:  # shaped like p: stacked clients' parameters broadcast a shared Delta
+                p.grad = torch.zeros_like(p).add_(m, alpha=1.0 - alpha)

@@ -334,9 +334,18 @@ class StrategyWrapper(Strategy):
         base: The wrapped strategy.
     """
 
+    #: ``ctx.scratch`` keys of the wrapper's own step-to-step values (:attr:`Strategy.vector_scratch`);
+    #: :attr:`vector_scratch` adds them to the base's.
+    wrapper_scratch: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, base: Strategy) -> None:
         super().__init__(server_lr=base.server_lr)
         self.base = base
+
+    @property
+    def vector_scratch(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The base's step-to-step ``ctx.scratch`` keys and the wrapper's own (:attr:`wrapper_scratch`)."""
+        return tuple(dict.fromkeys((*self.base.vector_scratch, *self.wrapper_scratch)))
 
     def setup(self, model: nn.Module, num_clients: int) -> None:
         self.num_clients = num_clients

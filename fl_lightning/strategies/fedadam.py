@@ -140,6 +140,7 @@ class FedAdam(Strategy):
     """
 
     name = "fedadam"
+    vectorizable = True  # FedAvg's clients; Adam on the server
 
     def __init__(
         self,

@@ -31,6 +31,7 @@ class FedAvgM(Strategy):
     """
 
     name = "fedavgm"
+    vectorizable = True  # FedAvg's clients; momentum on the server
 
     def __init__(self, server_lr: float = 1.0, momentum: float = 0.9) -> None:
         super().__init__(server_lr=server_lr)

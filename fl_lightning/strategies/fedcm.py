@@ -49,6 +49,7 @@ class FedCM(Strategy):
     """
 
     name = "fedcm"
+    vectorizable = True  # alpha g + (1 - alpha) Delta^t is elementwise (Delta^t broadcasts)
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -56,6 +56,7 @@ class FedExP(Strategy):
     """
 
     name = "fedexp"
+    vectorizable = True  # FedAvg's steps; ||Delta_k||^2 is computed per client in upload
 
     def __init__(self, eps: float = 1e-3, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -36,6 +36,7 @@ class FedGamma(SharpnessAware, Scaffold):
     """
 
     name = "fedgamma"
+    vectorizable = True  # per-client norms through ctx.stacked; c - c_i is elementwise
 
     def __init__(self, rho: float = 0.01, clip_norm: float | None = 10.0, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -50,6 +50,7 @@ class FedSpeed(SharpnessAware, FedDyn):
     """
 
     name = "fedspeed"
+    vectorizable = True  # per-client norms through ctx.stacked; the g_1/g_2 mix is elementwise
 
     def __init__(
         self,

@@ -38,6 +38,7 @@ class MoFedSAM(SharpnessAware, FedCM):
     """
 
     name = "mofedsam"
+    vectorizable = True  # per-client norms through ctx.stacked; FedCM's mix is elementwise
 
     def __init__(
         self, rho: float = 0.01, alpha: float = 0.1, clip_norm: float | None = 10.0, server_lr: float = 1.0

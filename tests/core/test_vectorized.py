@@ -16,6 +16,16 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.models import MLP, Decomposed, SmallCNN, Tensorized
 from fl_lightning.strategies import FedAvg, get_strategy
 from fl_lightning.strategies.base import StrategyWrapper
+from fl_lightning.strategies.plugins import (
+    DP,
+    Attack,
+    FastSlow,
+    FineTune,
+    Krum,
+    Median,
+    NormBounded,
+    TrimmedMean,
+)
 
 from conftest import global_weights, make_data, make_module, make_trainer
 
@@ -28,6 +38,29 @@ STRATEGIES = {
     "FedDC": {"alpha": 0.1},
     "FedSAM": {"rho": 0.05, "clip_norm": 1.0},
     "FedSMOO": {"beta": 10.0, "rho": 0.05, "clip_norm": 1.0},
+    "FedAdam": {},
+    "FedAvgM": {"server_lr": 0.5},
+    "FedExP": {},
+    "FedCM": {"alpha": 0.1},
+    "MoFedSAM": {"rho": 0.05, "alpha": 0.1, "clip_norm": 1.0},
+    "FedSpeed": {"beta": 10.0, "rho": 0.05, "sam_weight": 0.5, "clip_norm": 1.0},
+    "FedGamma": {"rho": 0.05, "clip_norm": 1.0},
+}
+#: Plug-ins that vectorise, each around a strategy: ``(factory, net)``.
+PLUGINS = {
+    "Median": (lambda: Median(FedAvg()), "cnn"),
+    "TrimmedMean": (lambda: TrimmedMean(get_strategy("FedProx", mu=0.1), beta=0.25), "cnn"),
+    "Krum": (lambda: Krum(FedAvg(), f=1, m=2), "cnn"),
+    "NormBounded": (lambda: NormBounded(get_strategy("Scaffold"), max_norm=0.5), "cnn"),
+    "Attack": (lambda: Attack(FedAvg(), fraction=0.5, kind="scale", scale=3.0), "cnn"),
+    "DP": (lambda: DP(FedAvg(), noise_multiplier=1.0, clip_norm=0.5), "cnn"),
+    "DP-adaptive": (
+        lambda: DP(FedAvg(), noise_multiplier=0.5, clipping="adaptive", clipped_count_stddev=0.5),
+        "cnn",
+    ),
+    "NormBounded-Attack": (lambda: NormBounded(Attack(FedAvg(), fraction=0.5)), "cnn"),
+    "FineTune": (lambda: FineTune(FedAvg(), epochs=1), "cnn"),
+    "FastSlow": (lambda: FastSlow(FedAvg(), period=2, cache=False), "decomposed"),
 }
 
 
@@ -52,11 +85,13 @@ def _net(kind: str) -> nn.Module:
     return SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16)
 
 
-def _fit(tmp_path, strategy: str, vectorize: int, net: str = "cnn", rounds: int = 3, lr: float = 0.1, **kw):
+def _fit(tmp_path, strategy, vectorize: int, net: str = "cnn", rounds: int = 3, lr: float = 0.1, **kw):
     """``rounds`` rounds on 4 Dirichlet clients of unequal size: unequal step counts, ragged last batches,
-    SGD with momentum and weight decay, per-round lr decay."""
+    SGD with momentum and weight decay, per-round lr decay. ``strategy``: a registered name, or
+    ``(label, factory)``."""
+    label, build = strategy if isinstance(strategy, tuple) else (strategy, None)
     module = make_module(
-        get_strategy(strategy, **STRATEGIES.get(strategy, {})),
+        build() if build is not None else get_strategy(strategy, **STRATEGIES.get(strategy, {})),
         client_kw={"momentum": 0.9, "weight_decay": 1e-3, **kw.pop("client_kw", {})},
         **{"local_steps": None, "local_epochs": 1, "lr_decay": 0.9, **kw},
         vectorize=vectorize,
@@ -65,7 +100,7 @@ def _fit(tmp_path, strategy: str, vectorize: int, net: str = "cnn", rounds: int 
     module.client.net = _net(net)
     module.client.lr = lr
     log = ClientLog()
-    trainer = make_trainer(tmp_path / f"{strategy}-{vectorize}", rounds=rounds, callbacks=[log])
+    trainer = make_trainer(tmp_path / f"{label}-{vectorize}", rounds=rounds, callbacks=[log])
     trainer.fit(module, datamodule=make_data())
     return module, log
 
@@ -100,6 +135,18 @@ def test_vectorised_clients_equal_sequential_clients(tmp_path, monkeypatch, stra
     """Under vmap (the accelerator path; the other tests run the CPU's per-client forward)."""
     monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     seq, vec = _fit(tmp_path, strategy, 1), _fit(tmp_path, strategy, 4)
+    assert not seq[0].loop._stacks and _vectorised(vec[0])
+    _assert_same(seq, vec)
+
+
+@pytest.mark.parametrize("plugin", list(PLUGINS))
+def test_vectorised_plugins_equal_sequential_clients(tmp_path, monkeypatch, plugin):
+    """Plug-ins whose own work is on the server or in upload/process_upload/adapt (per client): the
+    vectorised run equals the sequential one (DP's noise too: it is drawn on the aggregate from a
+    seeded generator)."""
+    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
+    build, net = PLUGINS[plugin]
+    seq, vec = _fit(tmp_path, (plugin, build), 1, net), _fit(tmp_path, (plugin, build), 4, net)
     assert not seq[0].loop._stacks and _vectorised(vec[0])
     _assert_same(seq, vec)
 

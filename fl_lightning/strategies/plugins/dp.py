@@ -91,6 +91,7 @@ class DP(StrategyWrapper):
     """
 
     name = "dp"
+    vectorizable = True  # clipping in process_upload (per client), noise on the aggregate
 
     def __init__(
         self,

@@ -69,6 +69,7 @@ class FastSlow(StrategyWrapper):
     """
 
     name = "fast_slow"
+    vectorizable = True  # with cache=False: only the upload is thinned (see cannot_vectorize)
 
     def __init__(
         self,
@@ -171,6 +172,17 @@ class FastSlow(StrategyWrapper):
             self._kept = None
         if info.aggregated:
             self.held[torch.tensor(info.aggregated, device=self.held.device)] = self.version(info.round)
+
+    def cannot_vectorize(self, module: nn.Module) -> str | None:
+        """Vectorised unless clients cache the slow entries (their messages and cached state then differ
+        per client)."""
+        reason = super().cannot_vectorize(module)
+        if reason is None and self.cache and self._slow:
+            return (
+                "FastSlow's slow-entry cache gives the clients different messages "
+                "(model.strategy.cache=false vectorises)"
+            )
+        return reason
 
     def extra_repr(self) -> str:
         which = f"fast={self.fast}" if self.fast is not None else f"slow={self.slow}"

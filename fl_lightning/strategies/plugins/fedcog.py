@@ -216,6 +216,13 @@ class FedCOG(StrategyWrapper):
         save_previous_model(module, ctx.state)
         return payload
 
+    def cannot_vectorize(self, module: nn.Module) -> str | None:
+        """Never: each client generates its own inputs (from its data and previous model) before its steps."""
+        return self.base.cannot_vectorize(module) or (
+            "FedCOG generates each client's inputs from its own data and previous model "
+            "before its local steps"
+        )
+
     def extra_repr(self) -> str:
         return (
             f"start_round={self.start_round}, num_generated={self.num_generated}, "

@@ -35,6 +35,7 @@ class FineTune(StrategyWrapper):
     """
 
     name = "finetune"
+    vectorizable = True  # fine-tuning is in adapt (per-client evaluation), not in the local steps
 
     def __init__(
         self, base: Strategy | None = None, epochs: int = 10, lr: float | None = None, seed: int = 0

@@ -106,6 +106,13 @@ class PersonalAtoms(StrategyWrapper):
             ctx.state.update({LOCAL_ATOMS + n: t.detach().clone() for n, t in local.atoms.items()})
         return up
 
+    def cannot_vectorize(self, module: nn.Module) -> str | None:
+        """Never with atoms: the local atoms train by a forward of their own in ``local_step``."""
+        reason = self.base.cannot_vectorize(module)
+        if reason is None and self._atoms:
+            return "PersonalAtoms trains each client's local atoms with a separate forward in local_step"
+        return reason
+
     def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
         super().personalize(module, client_id, state)
         load_tensors(module, {n: state[LOCAL_ATOMS + n] for n in self._atoms if LOCAL_ATOMS + n in state})

@@ -109,6 +109,7 @@ class Median(RobustWrapper):
     """
 
     name = "median"
+    vectorizable = True  # server-side reduction only; the clients train as the base
 
     def reduce_updates(self, deltas: Tensor, weights: Tensor) -> Tensor:
         return coordinate_median(deltas)
@@ -124,6 +125,7 @@ class TrimmedMean(RobustWrapper):
     """
 
     name = "trimmed_mean"
+    vectorizable = True  # server-side reduction only; the clients train as the base
 
     def __init__(self, base: Strategy | None = None, beta: float = 0.1) -> None:
         super().__init__(base)
@@ -153,6 +155,7 @@ class Krum(RobustWrapper):
     """
 
     name = "krum"
+    vectorizable = True  # server-side reduction only; the clients train as the base
 
     def __init__(self, base: Strategy | None = None, f: int = 1, m: int = 1) -> None:
         super().__init__(base)
@@ -188,6 +191,7 @@ class NormBounded(RobustWrapper):
     """
 
     name = "norm_bounded"
+    vectorizable = True  # server-side reduction only; the clients train as the base
 
     def __init__(self, base: Strategy | None = None, max_norm: float = 1.0) -> None:
         super().__init__(base)
@@ -222,6 +226,7 @@ class Attack(StrategyWrapper):
     """
 
     name = "attack"
+    vectorizable = True  # the manipulation is in process_upload, per client
 
     def __init__(
         self,
