@@ -66,6 +66,9 @@ obey this contract; otherwise the round falls back to one client at a time with 
   worker holding that client's trained weights, after :meth:`on_client_start` was called again on it
   (with its message and its state at the start of the round) and the final ``ctx.state`` entries and
   :attr:`vector_scratch` values were put into its context.
+- A plug-in (:class:`StrategyWrapper`) declares :attr:`vectorizable` for its own hooks and vectorises
+  only when its base does too; its :attr:`vector_scratch` is the base's plus its own
+  :attr:`StrategyWrapper.wrapper_scratch`. Override :meth:`cannot_vectorize` to give a specific reason.
 """
 
 from __future__ import annotations

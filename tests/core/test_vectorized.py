@@ -20,10 +20,12 @@ from fl_lightning.strategies.plugins import (
     DP,
     Attack,
     FastSlow,
+    FedCOG,
     FineTune,
     Krum,
     Median,
     NormBounded,
+    PersonalAtoms,
     TrimmedMean,
 )
 
@@ -217,14 +219,27 @@ class Momentum(FedAvg):
         ("strategy", "Momentum does not declare vectorizable local terms"),
         ("dropout", "dropout's random draws"),
         ("plugin", "StrategyWrapper does not declare vectorizable local terms"),
+        ("fedcog", "FedCOG generates each client's inputs"),
+        ("personal_atoms", "PersonalAtoms trains each client's local atoms"),
+        ("fast_slow", "model.strategy.cache=false vectorises"),
+        ("plugin_of_unvectorised", "Momentum does not declare"),
     ],
 )
 def test_unsupported_runs_fall_back_with_one_notice(tmp_path, caplog, case, reason):
     def build(vectorize: int):
-        strategy = {"strategy": Momentum(), "plugin": StrategyWrapper(FedAvg())}.get(case, FedAvg())
+        strategy = {
+            "strategy": lambda: Momentum(),
+            "plugin": lambda: StrategyWrapper(FedAvg()),
+            "fedcog": lambda: FedCOG(FedAvg(), num_generated=8, gen_steps=2),
+            "personal_atoms": lambda: PersonalAtoms(FedAvg()),
+            "fast_slow": lambda: FastSlow(FedAvg(), period=2),
+            "plugin_of_unvectorised": lambda: Median(Momentum()),
+        }.get(case, FedAvg)()
         module = make_module(strategy, vectorize=vectorize)
         torch.manual_seed(0)
-        if case == "batchnorm":
+        if case in ("personal_atoms", "fast_slow"):
+            module.client.net = _net("decomposed")
+        elif case == "batchnorm":
             module.client.net = BatchNormNet()
         elif case == "dropout":
             module.client.net = nn.Sequential(
