@@ -152,7 +152,8 @@ class StackedWorker(nn.Module):
         recorded for their fixed addresses, which the optimizer and the in-place weight loads keep) and,
         for the CPU path, the per-client forward :meth:`_one`. The compiled callables are kept on the
         stack and reused by every step, client and round it trains; the batches have one shape
-        (:func:`train_stacked` pads them to the full batch size), so each compiles once.
+        (:func:`train_stacked` pads them to the full batch size), so each compiles once, for static
+        shapes (``dynamic=False``: another group size compiles its own code, as CUDA graphs would).
         """
         if mode == self.compile_mode:
             return
@@ -160,8 +161,8 @@ class StackedWorker(nn.Module):
         if mode is None:
             self._stacked_fn, self._one_fn = self._stacked, self._one
         else:
-            self._stacked_fn = torch.compile(self._stacked, mode=mode)
-            self._one_fn = torch.compile(self._one, mode=mode)
+            self._stacked_fn = torch.compile(self._stacked, mode=mode, dynamic=False)
+            self._one_fn = torch.compile(self._one, mode=mode, dynamic=False)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.device.type == "cpu" and not VMAP_ON_CPU:  # the same math, one client's forward at a time
