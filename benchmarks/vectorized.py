@@ -9,9 +9,12 @@ splits it), each timed as the fastest of the rounds after a warm-up round (the l
 other jobs on a shared machine), between device syncs, with the two modes alternating ``--repeats``
 times; validation and client evaluation are off. Printed: seconds per round, the speed-up sequential /
 vectorised (targets on one GPU: >= 1.8x at 10 clients, >= 3x at 20, >= 5x at 50) and, on CUDA, the peak
-device memory of a vectorised round.
+device memory of a vectorised round. With ``--compile`` each (strategy, clients) adds a row with the
+vectorised round under ``model.compile=true`` (the vmapped forward compiled; CUDA graphs on a GPU)
+against the same sequential eager round; its compilation falls in the warm-up round.
 
     python benchmarks/vectorized.py                                          # a GPU, the issue's sizes
+    python benchmarks/vectorized.py --compile                                # + vectorised and compiled
     python benchmarks/vectorized.py --device cpu --model small --local-steps 5 --rounds 3 --repeats 2
 """
 
@@ -26,6 +29,7 @@ import torch
 from common import bare_trainer
 from gpu import RoundTimer
 
+from fl_lightning.core import vectorized
 from fl_lightning.core.client import ClientModule
 from fl_lightning.core.module import FederatedModule
 from fl_lightning.data import IID, FederatedDataModule
@@ -59,9 +63,9 @@ def strategy(name: str) -> Strategy:
 
 
 def round_times(
-    args: argparse.Namespace, dm: FederatedDataModule, name: str, vectorize: int
-) -> tuple[float, float]:
-    """(median seconds per round after the warm-up, peak device memory in GiB or NaN)."""
+    args: argparse.Namespace, dm: FederatedDataModule, name: str, vectorize: int, compile: bool = False
+) -> tuple[list[float], float]:
+    """(seconds of each round after the warm-up, peak device memory in GiB or NaN)."""
     device = torch.device(args.device)
     client = ClientModule(make_net(args), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     module = FederatedModule(
@@ -72,6 +76,7 @@ def round_times(
         vectorize=vectorize,
         vectorize_memory_gb=args.memory_gb,
         threads_per_process=args.threads,
+        compile=compile,
     )
     timer = RoundTimer(device)
     trainer = bare_trainer(args.rounds, device, callbacks=[timer], default_root_dir=str(Path(args.root)))
@@ -99,8 +104,11 @@ def main() -> None:
     p.add_argument("--weight-decay", type=float, default=1e-3)
     p.add_argument("--memory-gb", type=float, default=None, help="model.vectorize_memory_gb (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads per process")
+    p.add_argument("--compile", action="store_true", help="add vectorised + model.compile=true rows")
+    p.add_argument("--vmap-on-cpu", action="store_true", help="the CPU runs the vmap path (VMAP_ON_CPU)")
     p.add_argument("--root", default="/tmp/fl_lightning_vectorized_benchmark")
     args = p.parse_args()
+    vectorized.VMAP_ON_CPU = args.vmap_on_cpu
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -114,21 +122,28 @@ def main() -> None:
         f"work per round: N clients x {args.local_steps} local steps, batch {args.batch_size}, {args.model}, "
         f"synthetic:cifar10 (IID); fastest of rounds 2..{args.rounds} over {args.repeats} run(s) per mode"
     )
-    head = ("strategy", "clients", "sequential", "vectorised", "speed-up", "peak GiB")
-    print("  {:8s} {:>7s} {:>11s} {:>11s} {:>9s} {:>9s}".format(*head))
+    modes = {"vectorised": False, **({"vec+compiled": True} if args.compile else {})}
+    head = ("strategy", "clients", "mode", "sequential", "mode", "speed-up", "peak GiB")
+    print("  {:8s} {:>7s} {:>12s} {:>11s} {:>11s} {:>9s} {:>9s}".format(*head))
     for name in args.strategies.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
             dm = make_data(args, clients)
-            seq_times, vec_times = [], []
+            seq_times: list[float] = []
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
+            peaks: dict[str, float] = {}
             for _ in range(args.repeats):
                 seq_times += round_times(args, dm, name, 1)[0]
-                more, peak = round_times(args, dm, name, clients)
-                vec_times += more
-            seq, vec = min(seq_times), min(vec_times)
-            print(
-                f"  {name:8s} {clients:7d} {seq:10.3f}s {vec:10.3f}s {seq / vec:8.2f}x {peak:9.2f}",
-                flush=True,
-            )
+                for mode, compile in modes.items():
+                    more, peaks[mode] = round_times(args, dm, name, clients, compile)
+                    times[mode] += more
+            seq = min(seq_times)
+            for mode in modes:
+                vec = min(times[mode])
+                print(
+                    f"  {name:8s} {clients:7d} {mode:>12s} {seq:10.3f}s {vec:10.3f}s {seq / vec:8.2f}x "
+                    f"{peaks[mode]:9.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

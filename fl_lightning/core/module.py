@@ -95,7 +95,9 @@ class FederatedModule(LightningModule):
         compile: Compile the clients' network with ``torch.compile`` (once per run; the strategy
             hooks and the optimizer stay eager). ``true``: mode ``reduce-overhead`` on a GPU (CUDA
             graphs, for the launch-bound small-batch steps of federated clients) and ``default`` on
-            CPU; or a mode name. Results equal eager training within float tolerance.
+            CPU; or a mode name. Results equal eager training within float tolerance. With
+            ``vectorize`` > 1 the vectorised group's forward (vmap over the stacked parameters) is
+            compiled instead.
         vectorize: Train up to this many of a round's clients together as one batched computation
             (``torch.func.vmap`` over stacked parameters; each process its own share under DDP): the
             same results as one at a time within float tolerance, faster where a client's small-batch

@@ -19,10 +19,16 @@ done; the group's later steps do not touch them), its optimizer state, the round
 gradient clipping and persistent state. Its upload then runs as in the sequential round
 (:func:`finish_client`), on the worker loaded with its trained weights.
 
+With ``model.compile`` the group's forward is compiled (:meth:`StackedWorker.compile_forward`): the
+vmapped :func:`~torch.func.functional_call` over the stacked parameters is one function compiled with
+``torch.compile`` (its forward and, through AOTAutograd, its backward), or on the CPU path the
+per-client forward is; batches are then padded to the full batch size, so a ragged last batch keeps the
+compiled shapes.
+
 What does not vectorise falls back to the sequential round with one notice per run
 (:func:`cannot_vectorize`): strategies that do not declare it, modules whose training step is custom,
 BatchNorm running statistics, dropout (its random draws inside ``vmap`` cannot replay the sequential
-run's), 16-bit mixed precision's gradient scaler and ``model.compile``.
+run's) and 16-bit mixed precision's gradient scaler.
 """
 
 from __future__ import annotations
@@ -96,8 +102,6 @@ def cannot_vectorize(
             return "dropout's random draws inside vmap cannot replay the sequential run's"
     if getattr(precision, "scaler", None) is not None:
         return "16-bit mixed precision steps through a gradient scaler"
-    if config.compile is not False:
-        return "model.compile applies to the sequential steps only"
     return None
 
 
@@ -128,17 +132,45 @@ class StackedWorker(nn.Module):
         self._local_logs = None
         #: ``(step, losses [size], correct [size, B])`` of each tracked training step.
         self.records: list[tuple[int, Tensor, Tensor]] = []
+        #: The ``torch.compile`` mode of the forward (None: eager); see :meth:`compile_forward`.
+        self.compile_mode: str | None = None
+        self._stacked_fn = self._stacked
+        self._one_fn = self._one
 
     def _one(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         return torch.func.functional_call(self.net, params, (x,))
 
+    def _stacked(self, x: Tensor) -> Tensor:
+        """Outputs ``[size, B, ...]``: every client's slice of ``x`` through its own slice of the leaves."""
+        return torch.func.vmap(self._one, randomness="error")(dict(self.net.named_parameters()), x)
+
+    def compile_forward(self, mode: str | None) -> None:
+        """Compile the forward with ``torch.compile(mode=mode)`` (None: eager); a no-op if already so.
+
+        Compiled: the vmapped forward :meth:`_stacked` (which reads the stacked leaves from the module,
+        so they are the compiled code's static inputs: with ``"reduce-overhead"`` its CUDA graphs are
+        recorded for their fixed addresses, which the optimizer and the in-place weight loads keep) and,
+        for the CPU path, the per-client forward :meth:`_one`. The compiled callables are kept on the
+        stack and reused by every step, client and round it trains; the batches have one shape
+        (:func:`train_stacked` pads them to the full batch size), so each compiles once, for static
+        shapes (``dynamic=False``: another group size compiles its own code, as CUDA graphs would).
+        """
+        if mode == self.compile_mode:
+            return
+        self.compile_mode = mode
+        if mode is None:
+            self._stacked_fn, self._one_fn = self._stacked, self._one
+        else:
+            self._stacked_fn = torch.compile(self._stacked, mode=mode, dynamic=False)
+            self._one_fn = torch.compile(self._one, mode=mode, dynamic=False)
+
     def forward(self, x: Tensor) -> Tensor:
-        params = dict(self.net.named_parameters())
         if x.device.type == "cpu" and not VMAP_ON_CPU:  # the same math, one client's forward at a time
+            params = dict(self.net.named_parameters())
             return torch.stack(
-                [self._one({n: p[k] for n, p in params.items()}, x[k]) for k in range(self.size)]
+                [self._one_fn({n: p[k] for n, p in params.items()}, x[k]) for k in range(self.size)]
             )
-        return torch.func.vmap(self._one, randomness="error")(params, x)
+        return self._stacked_fn(x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return ClientModule.configure_optimizers(self)  # type: ignore[arg-type]
@@ -193,7 +225,7 @@ class StackedWorker(nn.Module):
         losses, outputs = [], []
         for k in range(self.size):
             leaves = {n: p.detach()[k].requires_grad_(p.requires_grad) for n, p in named}
-            out = self._one(leaves, x[k])
+            out = self._one_fn(leaves, x[k])
             loss = self._losses(out[None], y[k][None], weight[k][None], count[k][None])[0]
             own = [leaves[n] for n, p in named if p.requires_grad]
             found = torch.autograd.grad(loss, own, allow_unused=True)
@@ -273,6 +305,9 @@ def train_stacked(
         seed=config.seed,
         stacked=size,
     )
+    mode = config.compile_mode(device)
+    stack.compile_forward(mode)
+    width = config.batch_size if mode is not None else 0  # compiled: one batch shape for every step
     stack.train()
     stack.records.clear()
     load_tensors(stack, ctx.message.get("weights", {}))
@@ -299,7 +334,7 @@ def train_stacked(
             idx = [next(s) if step < n else none for s, n in zip(streams, steps)]
             counts = [int(i.numel()) for i in idx]
             counts_by_step.append(counts)
-            batch = _stacked_batch(idx, counts, x_all, y_all, precision)
+            batch = _stacked_batch(idx, counts, x_all, y_all, precision, width)
 
             def closure(batch: Any = batch, step: int = step) -> Tensor:
                 optimizer.zero_grad(set_to_none=True)
@@ -322,10 +357,13 @@ def train_stacked(
 
 
 def _stacked_batch(
-    idx: list[Tensor], counts: list[int], x_all: Tensor, y_all: Tensor, precision: Any
+    idx: list[Tensor], counts: list[int], x_all: Tensor, y_all: Tensor, precision: Any, width: int = 0
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(x, y, weight, count)``: the clients' batches gathered with one indexing, padded to the longest."""
+    """``(x, y, weight, count)``: the clients' batches gathered with one indexing, padded to the longest
+    or to ``width`` samples if more."""
     padded = pad_sequence(idx, batch_first=True)  # padding indexes row 0, masked out by ``weight``
+    if padded.shape[1] < width:
+        padded = F.pad(padded, (0, width - padded.shape[1]))
     count = torch.tensor(counts, dtype=torch.float32).to(padded.device, non_blocking=True)
     weight = (torch.arange(padded.shape[1], device=padded.device) < count[:, None]).float()
     x, y = x_all[padded], y_all[padded]

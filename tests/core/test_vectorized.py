@@ -3,6 +3,7 @@ the results of the sequential round (weights, per-client metrics, client state),
 one notice."""
 
 import logging
+import shutil
 
 import pytest
 import torch
@@ -168,6 +169,47 @@ def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, st
     seq, vec = _fit(tmp_path, strategy, 1, "decomposed"), _fit(tmp_path, strategy, 4, "decomposed")
     assert _vectorised(vec[0])
     _assert_same(seq, vec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "vmap"), [("FedAvg", True), ("FedSAM", True), ("FedAvg", False)])
+def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, monkeypatch, strategy, vmap):
+    """model.compile compiles the vmapped forward (or on the CPU path the per-client one) once per stack:
+    a recompile (e.g. a ragged last batch's new shape) is an error, and would fall back."""
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
+    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", vmap)
+    seq = _fit(tmp_path, strategy, 1, "mlp", rounds=2)
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    counters = torch._dynamo.utils.counters
+    before = counters["stats"]["unique_graphs"]
+    vec = _fit(tmp_path, strategy, 4, "mlp", rounds=2, compile=True)
+    assert counters["stats"]["unique_graphs"] > before  # it compiled
+    torch._dynamo.reset()
+    (stack,) = vec[0].loop._stacks.values()
+    assert _vectorised(vec[0]) and stack.compile_mode == "default"
+    wa, wb = global_weights(seq[0]), global_weights(vec[0])
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-4)
+    assert [r["train_loss"] for r in seq[0].history] == pytest.approx(
+        [r["train_loss"] for r in vec[0].history], abs=1e-4
+    )
+
+
+def test_padding_to_the_batch_size_masks_the_padding_out(monkeypatch):
+    """A compiled stack pads every batch to the full batch size (one shape): the same losses."""
+    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
+    torch.manual_seed(0)
+    worker = ClientModule(_net("mlp"), lr=0.1)
+    stack = StackedWorker(worker, 2)
+    x_all, y_all = torch.randn(20, 1, 8, 8), torch.randint(0, 10, (20,))
+    idx, counts = [torch.arange(3), torch.arange(5, 10)], [3, 5]
+    short = vectorized._stacked_batch(idx, counts, x_all, y_all, None)
+    wide = vectorized._stacked_batch(idx, counts, x_all, y_all, None, width=8)
+    assert short[0].shape[1] == 5 and wide[0].shape[1] == 8 and wide[2].sum(1).tolist() == [3, 5]
+    a, b = stack.training_step(short, 0), stack.training_step(wide, 0)
+    torch.testing.assert_close(a["loss"], b["loss"])
 
 
 def test_clipping_is_per_client_and_plain_sgd_scaffold(tmp_path):
@@ -381,6 +423,35 @@ def test_vectorised_clients_equal_sequential_clients_on_cuda(tmp_path, strategy)
 
     seq, vec = fit(1), fit(4)
     assert _vectorised(vec) and vec.history[-1]["peak_memory_gb"] > 0
+    wa, wb = global_weights(seq), global_weights(vec)
+    for k in wa:
+        torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["FedAvg", "FedSAM"])
+def test_compiled_vectorised_clients_equal_sequential_eager_clients_on_cuda(tmp_path, strategy):
+    """model.compile=true on CUDA: the vmapped forward compiled with CUDA graphs ("reduce-overhead")."""
+
+    def fit(vectorize, compile):
+        module = make_module(
+            get_strategy(strategy, **STRATEGIES[strategy]),
+            client_kw={"momentum": 0.9, "weight_decay": 1e-3},
+            local_steps=None,
+            local_epochs=1,
+            vectorize=vectorize,
+            compile=compile,
+        )
+        torch.manual_seed(0)
+        module.client.net = _net("mlp")
+        make_trainer(tmp_path / f"{vectorize}{compile}", rounds=2, accelerator="gpu").fit(
+            module, datamodule=make_data()
+        )
+        return module
+
+    seq, vec = fit(1, False), fit(4, True)
+    (stack,) = vec.loop._stacks.values()
+    assert _vectorised(vec) and stack.compile_mode == "reduce-overhead"
     wa, wb = global_weights(seq), global_weights(vec)
     for k in wa:
         torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
