@@ -8,8 +8,9 @@ a sampled Gaussian mechanism with noise multiplier ``z`` and sampling rate ``q =
 
 Adaptive clipping (Andrew et al., NeurIPS 2021, "Differentially Private Learning with Adaptive
 Clipping", Alg. 1 and Thm. 1): clients also send ``b_k = 1[||Delta_k|| <= C]``; the server releases
-``b~ = (sum_k b_k + N(0, sigma_b^2)) / n`` and moves ``C <- C exp(-eta_C (b~ - gamma))`` towards the
-``gamma``-quantile of the update norms. The update noise uses
+``b~ = 1/2 + (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / n`` (centred: sensitivity 1/2; ``(sum_k b_k +
+N(0, sigma_b^2)) / n`` when every sampled client reports) and moves ``C <- C exp(-eta_C (b~ - gamma))``
+towards the ``gamma``-quantile of the update norms. The update noise uses
 ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` so that both releases together cost what one Gaussian
 mechanism with multiplier ``z`` costs.
 
@@ -112,10 +113,21 @@ def noised_mean_update(
     return [s.to(m.dtype) for s, m in zip(sums, mean)]
 
 
-def noised_fraction(count_below: float, denominator: float, std: float, generator: torch.Generator) -> float:
-    """Andrew et al. (2021), Alg. 1: ``b~ = (sum_k b_k + N(0, sigma_b^2)) / n``."""
+def noised_fraction(
+    count_below: float, count: float, denominator: float, std: float, generator: torch.Generator
+) -> float:
+    """Andrew et al. (2021), Alg. 1 and Thm. 1: ``b~ = 1/2 + (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / n``.
+
+    The noised fraction of the ``K = count`` aggregated updates that were not clipped
+    (``count_below = sum_k b_k``), over the fixed denominator ``n``. The indicators are centred,
+    ``b_k - 1/2 in {-1/2, 1/2}``, so that adding or removing one client moves the noised sum by at
+    most ``1/2``: the sensitivity behind the ``2 sigma_b`` of Thm. 1 (with ``b_k in {0, 1}`` it would be
+    1, and the count would cost more privacy than :func:`update_noise_multiplier` budgets for). With
+    ``K = n`` this equals ``(sum_k b_k + N(0, sigma_b^2)) / n``; a sampled client that failed counts as
+    neither clipped nor unclipped.
+    """
     noise = float(torch.randn((), generator=generator, dtype=torch.float64)) * std if std > 0 else 0.0
-    return (count_below + noise) / denominator
+    return 0.5 + (count_below - 0.5 * count + noise) / denominator
 
 
 def update_clip_norm(clip_norm: float, unclipped_fraction: float, target_quantile: float, lr: float) -> float:

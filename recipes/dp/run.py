@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "dp" / "dp_fedavg_digits.yaml"
 S = "--model.strategy.init_args."
+N50 = "--model.clients_per_round=50"
 
 #: name -> (label, overrides of the config)
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -33,6 +34,16 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "z1_adaptive": (
         "DP, z = 1, adaptive C (from 0.1, median)",
         [f"{S}noise_multiplier=1.0", f"{S}clip_norm=0.1", f"{S}clipping=adaptive"],
+    ),
+    # 50 clients per round (q = 0.5, sigma_b = 2.5): z = 2 spends about the epsilon of z = 1 at 20 per round
+    "z2_n50": ("DP, z = 2, C = 1, 50 clients/round", [f"{S}noise_multiplier=2.0", f"{N50}"]),
+    "z2_adaptive_n50": (
+        "DP, z = 2, adaptive C (from 0.1, median), 50 clients/round",
+        [f"{S}noise_multiplier=2.0", f"{S}clip_norm=0.1", f"{S}clipping=adaptive", f"{N50}"],
+    ),
+    "z1_adaptive_n50": (
+        "DP, z = 1, adaptive C (from 0.1, median), 50 clients/round",
+        [f"{S}noise_multiplier=1.0", f"{S}clip_norm=0.1", f"{S}clipping=adaptive", f"{N50}"],
     ),
 }
 

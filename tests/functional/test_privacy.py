@@ -84,11 +84,24 @@ def test_noised_mean_update_uses_the_fixed_denominator():
 
 
 def test_noised_fraction():
-    assert noised_fraction(3, 10, 0.0, torch.Generator()) == pytest.approx(0.3)
-    draws = [noised_fraction(3, 10, 2.0, torch.Generator().manual_seed(s)) for s in range(2000)]
+    assert noised_fraction(3, 10, 10, 0.0, torch.Generator()) == pytest.approx(0.3)
+    draws = [noised_fraction(3, 10, 10, 2.0, torch.Generator().manual_seed(s)) for s in range(2000)]
     mean = sum(draws) / len(draws)
     std = math.sqrt(sum((d - mean) ** 2 for d in draws) / len(draws))
     assert mean == pytest.approx(0.3, abs=0.02) and std == pytest.approx(0.2, rel=0.1)
+
+
+def test_noised_fraction_has_sensitivity_one_half():
+    # Andrew et al. (2021), Thm. 1 budgets the count with noise multiplier 2 sigma_b: adding or removing
+    # one client (clipped or not) must move n * b~ by at most 1/2, as with centred b_k - 1/2
+    gen = torch.Generator()
+    for below, count in [(0, 3), (3, 3), (2, 5)]:
+        base = 8 * noised_fraction(below, count, 8, 0.0, gen)
+        assert abs(8 * noised_fraction(below + 1, count + 1, 8, 0.0, gen) - base) == pytest.approx(0.5)
+        assert abs(8 * noised_fraction(below, count + 1, 8, 0.0, gen) - base) == pytest.approx(0.5)
+    # a sampled client that failed is neutral: 2 of 4 reported, both unclipped -> 1/2 + (2 - 1) / 4
+    assert noised_fraction(2, 2, 4, 0.0, gen) == pytest.approx(0.75)
+    assert noised_fraction(0, 0, 4, 0.0, gen) == pytest.approx(0.5)
 
 
 def test_update_clip_norm_by_hand():

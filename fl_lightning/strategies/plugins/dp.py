@@ -57,7 +57,9 @@ class DP(StrategyWrapper):
        deviation ``z_Delta C / n`` on the mean, once, after the processes' all-reduce, from a generator
        seeded by ``(seed, round)`` (the same on every process and on a resumed run); the base's
        :meth:`process_aggregate` and :meth:`server_update` then see the noised mean;
-    3. adaptive clipping: ``b~ = (sum_k b_k + N(0, sigma_b^2)) / n`` and
+    3. adaptive clipping: ``b~ = 1/2 + (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / n`` (the indicators
+       centred so that one client moves the sum by at most 1/2, the sensitivity Thm. 1 assumes; with
+       every sampled client reporting, ``(sum_k b_k + N(0, sigma_b^2)) / n``) and
        ``C <- C exp(-clip_lr (b~ - target_quantile))``; the update noise uses
        ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` so that the round costs one Gaussian mechanism with
        multiplier ``z`` (Andrew et al., Thm. 1). Fixed clipping: ``z_Delta = z``;
@@ -264,9 +266,10 @@ class DP(StrategyWrapper):
         generator = torch.Generator().manual_seed(derive_seed(self._seed, _NOISE_STREAM, info.round))
         metrics: dict[str, float] = {}
         if self.clipping == "adaptive":  # the count is released first, from the same generator
-            below = float(counts["unclipped"]) * info.weight_totals.get(GROUP, k) if counts else 0.0
+            reported = info.weight_totals.get(GROUP, k) if counts else 0.0
+            below = float(counts["unclipped"]) * reported if counts else 0.0
             noise_b = self.count_stddev(n) if self.noise_multiplier > 0 else 0.0
-            fraction = noised_fraction(below, n, noise_b, generator)
+            fraction = noised_fraction(below, reported, n, noise_b, generator)
             self.current_clip = update_clip_norm(clip, fraction, self.target_quantile, self.clip_lr)
             metrics["privacy/unclipped_fraction"] = fraction
         weights = means["weights"]

@@ -191,6 +191,57 @@ def test_adaptive_clipping_splits_the_noise_multiplier():
     assert strategy.history == [(1.0, 0.1, 1)]  # the accountant sees the total z
 
 
+def test_adaptive_noise_uses_the_clip_norm_that_clipped_the_round():
+    # Andrew et al. (2021), Alg. 1: sigma_Delta = z_Delta C_t, the C_t the clients clipped with; C_{t+1}
+    # (here about C_t exp(-2 * 0.5)) only reaches the next round's message
+    model = nn.Linear(1000, 100)
+    strategy = DP(
+        FedAvg(),
+        noise_multiplier=1.0,
+        clip_norm=0.5,
+        clipping="adaptive",
+        clip_lr=2.0,
+        clipped_count_stddev=1.0,
+    )
+    strategy.setup(model, 100)
+    means, uploads = _round(strategy, model, [0.0] * 10, num_clients=100)  # all unclipped: C shrinks
+    assert all(float(u["dp"]["unclipped"]) == 1.0 for u in uploads)
+    fraction = strategy.round_metrics()["privacy/unclipped_fraction"]
+    assert strategy.current_clip == pytest.approx(0.5 * math.exp(-2.0 * (fraction - 0.5)))
+    assert strategy.current_clip < 0.5 * 0.6
+    noise = torch.cat([(means["weights"][k] - v.detach()).reshape(-1) for k, v in model.state_dict().items()])
+    z_delta = (1.0 - 0.25) ** -0.5
+    assert noise.std().item() == pytest.approx(z_delta * 0.5 / 10, rel=0.02)
+    assert strategy.round_metrics()["privacy/noise_std"] == pytest.approx(z_delta * 0.5 / 10)
+    next_clip = float(strategy.message(model, 0, 1)["dp"]["clip_norm"])
+    assert next_clip == pytest.approx(strategy.current_clip, rel=1e-6)
+
+
+def test_adaptive_count_is_centred_so_failed_clients_are_neutral():
+    # 4 sampled, 2 reported, both unclipped: b~ = 1/2 + (2 - 2/2) / 4 = 0.75 (not 2/4, which would
+    # count the failed clients as clipped and grow C; and 1/2 sensitivity, Thm. 1's 2 sigma_b)
+    model = _model(0.0)
+    strategy = DP(FedAvg(), noise_multiplier=0.0, clip_norm=100.0, clipping="adaptive")
+    strategy.setup(model, 10)
+    _round(strategy, model, [1.0, 3.0], sampled=4)
+    assert strategy.round_metrics()["privacy/unclipped_fraction"] == pytest.approx(0.75)
+    assert strategy.current_clip == pytest.approx(100.0 * math.exp(-0.2 * 0.25))
+
+
+@pytest.mark.parametrize("quantile", [0.2, 0.8])
+def test_adaptive_clipping_tracks_other_quantiles(quantile):
+    model = _model(0.0)
+    strategy = DP(
+        FedAvg(), noise_multiplier=0.0, clip_norm=5.0, clipping="adaptive", target_quantile=quantile
+    )
+    strategy.setup(model, 10)
+    scale = math.sqrt(D_IN * D_OUT + D_OUT)
+    for r in range(150):
+        _round(strategy, model, [(i + 1) / scale for i in range(10)], round=r)  # norms 1..10
+    low, high = 10 * quantile, 10 * quantile + 1  # between the 2nd and 3rd norm for 0.2, 8th and 9th for 0.8
+    assert low * 0.85 < strategy.current_clip < high * 1.15
+
+
 def test_adaptive_default_count_noise_too_small_is_one_line():
     model = _model()
     strategy = DP(FedAvg(), noise_multiplier=1.0, clipping="adaptive")  # sigma_b = 10 / 20 = z / 2
