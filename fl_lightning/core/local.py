@@ -116,22 +116,7 @@ def train_client(
     with client_rng(config.seed, round, cid, device) as seed:
         generator = torch.Generator().manual_seed(seed)
         compile_worker(worker, config.compile_mode(device))
-        load_tensors(worker, message.get("weights", {}))
-        state = {k: v.to(device) for k, v in state.items()}
-        num_steps = config.num_steps(data)
-        ctx = ClientContext(
-            cid,
-            round,
-            message,
-            state,
-            data.num_samples,
-            num_steps,
-            0.0,
-            strategy,
-            data=data,
-            seed=config.seed,
-        )
-        worker.train()
+        ctx = start_client(worker, strategy, message, state, data, round, config, lr=0.0)
         with worker.local_training(), _dropping(ctx.scratch):
             strategy.on_client_start(worker, ctx)
             optimizer = strategy.configure_client_optimizer(worker, ctx)
@@ -141,6 +126,36 @@ def train_client(
             ctx.lr = optimizer.param_groups[0]["lr"]
             _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
             return client_result(worker, strategy, ctx, message, data, config, precision, eval_metrics)
+
+
+def start_client(
+    worker: ClientModule,
+    strategy: Strategy,
+    message: Payload,
+    state: dict[str, Tensor],
+    data: ClientData,
+    round: int,
+    config: LocalConfig,
+    lr: float,
+) -> ClientContext:
+    """Load ``message["weights"]`` into ``worker`` (train mode) and return the client's context for the
+    round, its state moved to the worker's device."""
+    device = module_device(worker)
+    load_tensors(worker, message.get("weights", {}))
+    state = {k: v.to(device) for k, v in state.items()}
+    worker.train()
+    return ClientContext(
+        data.client_id,
+        round,
+        message,
+        state,
+        data.num_samples,
+        config.num_steps(data),
+        lr,
+        strategy,
+        data=data,
+        seed=config.seed,
+    )
 
 
 def client_seed(seed: int, round: int, client_id: int) -> int:

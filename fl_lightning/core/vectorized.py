@@ -45,7 +45,15 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from fl_lightning.core.client import ClientModule
-from fl_lightning.core.local import LocalConfig, _dropping, client_result, client_rng, client_seed, step_loss
+from fl_lightning.core.local import (
+    LocalConfig,
+    _dropping,
+    client_result,
+    client_rng,
+    client_seed,
+    start_client,
+    step_loss,
+)
 from fl_lightning.core.metrics import TaskMetrics
 from fl_lightning.core.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData
@@ -461,22 +469,8 @@ def finish_client(
     """
     device = module_device(worker)
     with client_rng(config.seed, round, data.client_id, device):
-        load_tensors(worker, message.get("weights", {}))
-        num_steps = config.num_steps(data)
-        start = {k: v.to(device) for k, v in state.items()}
-        ctx = ClientContext(
-            data.client_id,
-            round,
-            message,
-            start,
-            data.num_samples,
-            num_steps,
-            trained.lr,
-            strategy,
-            data=data,
-            seed=config.seed,
-        )
-        worker.train()
+        ctx = start_client(worker, strategy, message, state, data, round, config, trained.lr)
+        num_steps = ctx.num_steps
         with worker.local_training(), _dropping(ctx.scratch):
             strategy.on_client_start(worker, ctx)
             ctx.lr, ctx.step = trained.lr, num_steps - 1
