@@ -45,7 +45,7 @@ class TDPFed(MoreauEnvelope):
     * ``"act"`` (eqs. 21-22): the server composes ``[[A_k]]`` from each upload and forms
       ``w~_{t+1} = (1 - beta) [[A_t]] + beta sum_k (|D_k| / sum_j |D_j|) [[A_k]]``, then re-fits rank-R
       factors by ``act_sweeps`` ALS sweeps warm-started from the ``|D_k|``-weighted factor average.
-      The paper leaves the re-fit open (eqs. 21-22 only say the server "decomposes" ``w~_{t+1}``);
+      The paper leaves the re-fit open (eq. 22 only states ``w~_{t+1} ~ [[A_{t+1}]]``);
       this choice is ours: ALS (exact least squares per factor, Gauss-Seidel over the modes) never
       increases ``||w~_{t+1} - [[A]]||`` from its warm start, so the re-fit is at least as close as
       the factor average; ``act_sweeps=0`` keeps that average (the effect of the sweeps is measured
