@@ -4,8 +4,9 @@
 FedCM, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
 envelope's inner problem), ``distillation`` (FedCOG's generation and KD), ``representation`` (MOON,
 FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficients), ``cp`` (CP
-factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping). Nothing here imports
-the rest of the package except ``errors``.
+factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping), ``sparsify``
+(random-subset transmission, FedAvg s.a.r.). Nothing here imports the rest of the package except
+``errors``.
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ from fl_lightning.functional.sharpness import (
     restore,
     sam_offsets,
 )
+from fl_lightning.functional.sparsify import (
+    densify,
+    flatten,
+    indicator,
+    random_indices,
+    received_average,
+)
 from fl_lightning.functional.tensor import (
     accumulate,
     all_finite,
@@ -140,6 +148,7 @@ __all__ = [
     "cross_term_expansion",
     "decomposed_num_params",
     "decorrelation_loss",
+    "densify",
     "derive_seed",
     "disagreement_loss",
     "distribution",
@@ -154,6 +163,7 @@ __all__ = [
     "feddyn_gradient",
     "feddyn_gradients",
     "fill_missing",
+    "flatten",
     "frozen",
     "frozen_forward",
     "generate",
@@ -162,6 +172,7 @@ __all__ = [
     "global_norm",
     "gram_hadamard",
     "head_names",
+    "indicator",
     "js_divergence",
     "kd_cycle_order",
     "kd_loss",
@@ -186,7 +197,9 @@ __all__ = [
     "proximal_term",
     "proximal_terms",
     "pseudo_gradient",
+    "random_indices",
     "rank_for",
+    "received_average",
     "reconstruct_filters",
     "restore",
     "sam_offsets",
