@@ -7,8 +7,8 @@ FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficien
 factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping, attacks),
 ``synthetic`` (FedGen's generator and ensemble, FedReg's pseudo data and projections, VHL's virtual
 data and calibration), ``prototypes`` (FedPAC's class prototypes and classifier QP), ``privacy`` (DP
-clipping, noise, adaptive clipping, accounting). Nothing here imports
-the rest of the package except ``errors``.
+clipping, noise, adaptive clipping, accounting), ``sparsify`` (random-subset transmission, FedAvg
+s.a.r.). Nothing here imports the rest of the package except ``errors``.
 """
 
 from __future__ import annotations
@@ -106,6 +106,13 @@ from fl_lightning.functional.sharpness import (
     restore,
     sam_offsets,
 )
+from fl_lightning.functional.sparsify import (
+    densify,
+    flatten,
+    indicator,
+    random_indices,
+    received_average,
+)
 from fl_lightning.functional.synthetic import (
     ensemble_logits,
     generator_input,
@@ -157,6 +164,7 @@ __all__ = [
     "cross_term_expansion",
     "decomposed_num_params",
     "decorrelation_loss",
+    "densify",
     "derive_seed",
     "disagreement_loss",
     "distribution",
@@ -172,6 +180,7 @@ __all__ = [
     "feddyn_gradient",
     "feddyn_gradients",
     "fill_missing",
+    "flatten",
     "frozen",
     "frozen_forward",
     "generate",
@@ -181,6 +190,7 @@ __all__ = [
     "global_norm",
     "gram_hadamard",
     "head_names",
+    "indicator",
     "js_divergence",
     "kd_cycle_order",
     "kd_loss",
@@ -208,7 +218,9 @@ __all__ = [
     "proximal_term",
     "proximal_terms",
     "pseudo_gradient",
+    "random_indices",
     "rank_for",
+    "received_average",
     "reconstruct_filters",
     "restore",
     "sam_offsets",

@@ -21,6 +21,7 @@ from fl_lightning.strategies.base import (
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
 from fl_lightning.strategies.fedavg import FedAvg
+from fl_lightning.strategies.fedavg_sar import FedAvgSAR
 from fl_lightning.strategies.fedavgm import FedAvgM
 from fl_lightning.strategies.fedcm import FedCM
 from fl_lightning.strategies.feddc import FedDC
@@ -64,6 +65,7 @@ __all__ = [
     "FedAdam",
     "FedAvg",
     "FedAvgM",
+    "FedAvgSAR",
     "FedCM",
     "FedCOG",
     "FedDC",

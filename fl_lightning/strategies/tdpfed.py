@@ -30,10 +30,11 @@ class TDPFed(MoreauEnvelope):
 
     Client ``k`` in round ``t`` (Sec. V-A): ``A_k <- A_t``, ``theta_k <- [[A_t]]``; then ``tau``
     (``model.local_steps``) local rounds, each on one mini-batch ``B``: ``s`` (``personal_steps``)
-    Nesterov steps at ``eta_p`` (``personal_lr``) on ``f_k(theta; B) + lam/2 ||theta - [[A_k]]||^2``
-    (eq. 15), then ``s'`` (``factor_steps``) steps of the client optimizer (the paper: Adam at ``eta`` =
-    ``model.client.init_args.lr``) on ``lam/2 ||theta~_k - [[A_k]]||^2`` (eqs. 14, 19, 25: all factors
-    at once, by autograd, which equals the closed-form gradient; no data is touched). Clients upload
+    gradient steps at ``eta_p`` (``personal_lr``) on ``f_k(theta; B) + lam/2 ||theta - [[A_k]]||^2``
+    (eq. 15; Nesterov's with ``personal_momentum > 0``, see below), then ``s'`` (``factor_steps``)
+    steps of the client optimizer (the paper: Adam at ``eta`` = ``model.client.init_args.lr``) on
+    ``lam/2 ||theta~_k - [[A_k]]||^2`` (eqs. 14, 19, 25: all factors at once, by autograd, which
+    equals the closed-form gradient; no data is touched). Clients upload
     their factors ``A_{k,t,tau}``; ``theta~_k`` stays on the client as its personalised model.
 
     Server, ``aggregation``:
@@ -43,10 +44,20 @@ class TDPFed(MoreauEnvelope):
       (``afm_weights="samples"`` uses ``|D_k|`` instead, a deviation). Factors down, factors up.
     * ``"act"`` (eqs. 21-22): the server composes ``[[A_k]]`` from each upload and forms
       ``w~_{t+1} = (1 - beta) [[A_t]] + beta sum_k (|D_k| / sum_j |D_j|) [[A_k]]``, then re-fits rank-R
-      factors by ``act_sweeps`` ALS sweeps warm-started from the ``|D_k|``-weighted factor average
-      (the paper leaves the re-fit open; ALS never increases the residual from that start). It
+      factors by ``act_sweeps`` ALS sweeps warm-started from the ``|D_k|``-weighted factor average.
+      The paper leaves the re-fit open (eq. 22 only states ``w~_{t+1} ~ [[A_{t+1}]]``);
+      this choice is ours: ALS (exact least squares per factor, Gauss-Seidel over the modes) never
+      increases ``||w~_{t+1} - [[A]]||`` from its warm start, so the re-fit is at least as close as
+      the factor average; ``act_sweeps=0`` keeps that average (the effect of the sweeps is measured
+      in recipes/tdpfed/README.md). It
       broadcasts the factors and ``w~_{t+1}``, which becomes ``theta_k`` (Sec. V-A), so the downlink
       also carries the dense CP-layer weights; uplink is factors only.
+
+    The inner solver: Sec. V-A names "gradient descent (resp. Nesterov's accelerated gradient
+    descent)" for the ``s`` steps and Sec. VII-A says the experiments use Nesterov's, with no momentum
+    value. The default ``personal_momentum=0`` is plain gradient descent (pFedMe's step, and the
+    first of the two solvers the analysis names); ``personal_momentum > 0`` is ``torch.optim.SGD``
+    with that Nesterov momentum, a value of ours (the CPU recipe measures 0.5; recipes/tdpfed).
 
     Biases and every other non-factored parameter (the paper does not say; spec §1.2) are treated as
     identity "factors": ``theta`` has its own copy, pulled by the same ``lam`` term, fitted to ``theta~``
@@ -60,7 +71,8 @@ class TDPFed(MoreauEnvelope):
         personal_lr: ``eta_p`` (MNIST 0.08, CIFAR-10 0.03).
         personal_steps: ``s`` (MNIST 5, CIFAR-10 4).
         factor_steps: ``s'`` (MNIST 17, CIFAR-10 15).
-        personal_momentum: Nesterov momentum of the ``theta`` steps (the paper does not give it).
+        personal_momentum: Nesterov momentum of the ``theta`` steps; 0 (default) is plain gradient
+            descent. The paper names Nesterov's method without a momentum value; any value > 0 is ours.
         afm_weights: ``"batch"`` (the paper's ``|B_k|``) or ``"samples"`` (``|D_k|``) for AFM.
         act_sweeps: ALS sweeps of ACT's server-side CP re-fit.
     """
@@ -75,7 +87,7 @@ class TDPFed(MoreauEnvelope):
         personal_lr: float = 0.08,
         personal_steps: int = 5,
         factor_steps: int = 17,
-        personal_momentum: float = 0.5,
+        personal_momentum: float = 0.0,
         afm_weights: Literal["batch", "samples"] = "batch",
         act_sweeps: int = 10,
     ) -> None:

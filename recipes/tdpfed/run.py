@@ -33,6 +33,8 @@ PAPER = {
         "act_x1.5": 98.07,  # Table II
         "fedavg": 96.78,
         "pfedme": 98.64,
+        "fedavg_sar_x1.5": 96.15,
+        "fedavg_sar_x2": 95.80,
         "tdpfed_x1.5": 99.04,
         "tdpfed_x2": 99.16,  # Table III
     },
@@ -43,6 +45,8 @@ PAPER = {
         "act_x1.5": 77.31,
         "fedavg": 83.43,
         "pfedme": 91.41,
+        "fedavg_sar_x1.5": 61.00,
+        "fedavg_sar_x2": 55.51,
         "tdpfed_x1.5": 91.16,
         "tdpfed_x2": 91.01,
     },
@@ -81,6 +85,8 @@ NAMES = {
     "tdpfed_x1.5": "TDPFed (x1.5, eta 3e-4)",
     "pfedme": "pFedMe",
     "fedavg": "FedAvg",
+    "fedavg_sar_x1.5": "FedAvg (s.a.r.) x1.5",
+    "fedavg_sar_x2": "FedAvg (s.a.r.) x2",
 }
 
 
@@ -93,7 +99,7 @@ def rows(table: str, dataset: str) -> list[tuple[str, str, str | None, float | N
         stems = ["afm_x2", "act_x2", "afm_x1.5", "act_x1.5"]
     elif table == "3":
         tdpfed = ["tdpfed_x1.5", "tdpfed_x2"] if dataset == "mnist" else ["afm_x1.5", "afm_x2"]
-        stems = ["fedavg", "pfedme", *tdpfed]
+        stems = ["fedavg", "pfedme", "fedavg_sar_x1.5", "fedavg_sar_x2", *tdpfed]
     else:
         return [(label, "afm_x2", override, acc) for label, override, acc in STUDY[dataset]]
     out = []

@@ -264,6 +264,33 @@ def test_tdpfed_on_a_dense_model_with_one_sgd_factor_step_is_pfedme():
         torch.testing.assert_close(ups[0][n], ups[1][n], rtol=1e-6, atol=1e-7)
 
 
+def test_theta_steps_are_plain_gradient_descent_by_default_and_nesterov_only_on_request():
+    """The paper gives no momentum for its Nesterov solver: the default is GD; 0.5 is an explicit option."""
+    model = cp_client()
+    data = batches(1)
+    plain = TDPFed(lam=5.0, personal_lr=0.05, personal_steps=3)
+    plain.setup(model, 1)
+    ctx, _, worker = run_client(plain, model, data)
+    group = ctx.scratch[SCRATCH].optimizer.param_groups[0]
+    assert group["momentum"] == 0.0 and not group["nesterov"]
+    # by hand: theta <- theta - eta_p (grad f(theta; B) + lam (theta - [[A_0]])), s times, A_0 fixed
+    ref = {n: t.detach() for n, t in dense_weights(model).items()}
+    theta = {n: t.clone() for n, t in ref.items()}
+    x, y = data[0]
+    for _ in range(3):
+        th = {n: t.clone().requires_grad_(True) for n, t in theta.items()}
+        loss = worker.task_loss(functional_call(worker, th, (x,)), y)
+        loss = loss + 0.5 * 5.0 * sum((th[n] - ref[n]).pow(2).sum() for n in th)
+        grads = torch.autograd.grad(loss, list(th.values()))
+        theta = {n: t - 0.05 * g for (n, t), g in zip(theta.items(), grads)}
+    for n, t in ctx.scratch[SCRATCH].theta.items():
+        torch.testing.assert_close(t.detach(), theta[n], rtol=1e-5, atol=1e-6)
+    nesterov = TDPFed(lam=5.0, personal_lr=0.05, personal_steps=3, personal_momentum=0.5)
+    nesterov.setup(model, 1)
+    group = run_client(nesterov, model, data)[0].scratch[SCRATCH].optimizer.param_groups[0]
+    assert group["momentum"] == 0.5 and group["nesterov"]
+
+
 def test_server_receive_hook_defaults_to_the_upload():
     up = {"weights": {"w": torch.ones(2)}}
     assert Strategy().server_receive(up) is up
