@@ -14,10 +14,11 @@ classifier, ``W^y = sum_k a_k^y W_k``, ``b^y = sum_k a_k^y b_k`` (:func:`label_w
 the server builds from sums, so the heads need no separate storage. Clients add
 ``CE(h(z), y)`` on generated latents to their loss (eq. 6).
 
-**FedReg** (Xu, Hong, Huang & Jiang, ICLR 2022, Sec. 3). Pseudo data ``x_s`` are a few signed gradient
-steps of the real inputs on the global model's loss, ``x <- x - eta_s sign(grad_x CE(f(theta^t; x), y))``
-(:func:`signed_gradient_steps`), labelled by the global model's soft predictions; "perturbed" data use
-the same rule with a step ``eta_p << eta_s`` and keep the hard labels. The local step is taken with the
+**FedReg** (Xu, Hong, Huang & Jiang, ICLR 2022, Sec. 3). Pseudo data ``x_s`` are a few FGSM steps of
+the real inputs *up* the global model's loss, ``x <- x + eta_s sign(grad_x CE(f(theta^t; x), y))``
+(:func:`signed_gradient_steps`; adversarial examples of the global model, near or across its decision
+boundaries), labelled by the global model's soft predictions; "perturbed" data use the same rule with a
+step ``eta_p << eta_s`` and keep the hard labels. The local step is taken with the
 gradient at the slow point ``gamma theta + (1 - gamma) theta^t``, and the update ``Delta = theta' -
 theta^t`` is then corrected so that, to first order, it does not increase the loss on the pseudo
 (then perturbed) data: ``theta <- theta' - w g``, ``w = max(0, <Delta, g> / ||g||^2)``
@@ -114,18 +115,19 @@ def train_generator(
 
 # --------------------------------------------------------------------------------------- FedReg
 def signed_gradient_steps(forward: Forward, x: Tensor, y: Tensor, eta: float, steps: int) -> Tensor:
-    """``steps`` signed gradient steps on the inputs: ``x <- clamp(x - eta sign(grad_x CE(forward(x), y)))``.
+    """``steps`` FGSM steps on the inputs: ``x <- clamp(x + eta sign(grad_x CE(forward(x), y)))``.
 
-    FedReg's pseudo (``eta_s``) and perturbed (``eta_p``) data: the inputs move to lower the (global)
-    model's loss on their labels, clamped to the value range of the real batch. Only the inputs get
-    gradients (``torch.autograd.grad``); nothing accumulates in any parameter's ``.grad``.
+    FedReg's pseudo (``eta_s``) and perturbed (``eta_p``) data: the inputs move to *raise* the (global)
+    model's loss on their labels (the official code's ``FSGM``: ``x += eta sign(grad)``), clamped to the
+    value range of the real batch (the official code's clamp is not in place, so it clamps nothing). Only
+    the inputs get gradients (``torch.autograd.grad``); nothing accumulates in any parameter's ``.grad``.
     """
     lo, hi = x.min().detach(), x.max().detach()
     out = x.detach()
     for _ in range(steps):
         xi = out.clone().requires_grad_(True)
         (grad,) = torch.autograd.grad(F.cross_entropy(forward(xi), y), [xi])
-        out = torch.clamp(out - eta * grad.sign(), lo, hi).detach()
+        out = torch.clamp(out + eta * grad.sign(), lo, hi).detach()
     return out
 
 

@@ -31,8 +31,8 @@ class FedReg(Strategy):
     global model received this round:
 
     1. **Pseudo and perturbed data** from the global model (the knowledge the local update must not
-       forget): ``x_s`` = ``iters`` signed gradient steps
-       ``x <- clamp(x - eta_s sign(grad_x CE(f(theta^t; x), y)))`` starting from ``x``, labelled with the
+       forget): ``x_s`` = ``iters`` FGSM steps up the global model's loss
+       ``x <- clamp(x + eta_s sign(grad_x CE(f(theta^t; x), y)))`` starting from ``x``, labelled with the
        global model's soft predictions ``q_s = softmax f(theta^t; x_s)``; ``x_p`` the same with step
        ``eta_p`` (default ``eta_s / 100``), labelled ``y``.
     2. **Slow update**: the gradient of the local objective (task loss plus any local term) is taken at

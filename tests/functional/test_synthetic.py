@@ -54,15 +54,15 @@ def test_trained_generator_samples_are_classified_as_their_label_by_the_ensemble
     assert acc >= 0.95
 
 
-def test_signed_gradient_step_lowers_the_loss_in_the_stated_direction():
+def test_signed_gradient_step_raises_the_loss_fgsm_direction():
     torch.manual_seed(0)
     net = nn.Linear(6, 3)
     x, y = torch.randn(4, 6), torch.tensor([0, 1, 2, 0])
     xs = signed_gradient_steps(net, x, y, eta=0.01, steps=1)
     xr = x.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(F.cross_entropy(net(xr), y), [xr])
-    torch.testing.assert_close(xs, torch.clamp(x - 0.01 * grad.sign(), x.min(), x.max()))
-    assert F.cross_entropy(net(xs), y) < F.cross_entropy(net(x), y)
+    torch.testing.assert_close(xs, torch.clamp(x + 0.01 * grad.sign(), x.min(), x.max()))
+    assert F.cross_entropy(net(xs), y) > F.cross_entropy(net(x), y)  # FedReg Sec. 3: adversarial (FGSM)
     assert net.weight.grad is None
 
 

@@ -36,7 +36,7 @@ def _client(strategy):
     return module, glob, ctx, x, y
 
 
-def test_pseudo_data_is_one_signed_step_lowering_the_global_models_loss():
+def test_pseudo_data_is_one_fgsm_step_raising_the_global_models_loss():
     strategy = FedReg(eta_s=0.05, eta_p=0.002, iters=1)
     module, glob, ctx, x, y = _client(strategy)
     with torch.no_grad():  # the local model has drifted: the pseudo data must come from theta^t
@@ -46,11 +46,11 @@ def test_pseudo_data_is_one_signed_step_lowering_the_global_models_loss():
     xr = x.clone().requires_grad_(True)
     module.eval()
     (grad,) = torch.autograd.grad(F.cross_entropy(functional_call(module, glob, (xr,)), y), [xr])
-    torch.testing.assert_close(xs, torch.clamp(x - 0.05 * grad.sign(), x.min(), x.max()))
-    torch.testing.assert_close(xp, torch.clamp(x - 0.002 * grad.sign(), x.min(), x.max()))
+    torch.testing.assert_close(xs, torch.clamp(x + 0.05 * grad.sign(), x.min(), x.max()))
+    torch.testing.assert_close(xp, torch.clamp(x + 0.002 * grad.sign(), x.min(), x.max()))
     with torch.no_grad():
         torch.testing.assert_close(qs, functional_call(module, glob, (xs,)).softmax(-1))
-        assert F.cross_entropy(functional_call(module, glob, (xs,)), y) < F.cross_entropy(
+        assert F.cross_entropy(functional_call(module, glob, (xs,)), y) > F.cross_entropy(
             functional_call(module, glob, (x,)), y
         )
     assert all(p.grad is None for p in module.parameters())
