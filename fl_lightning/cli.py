@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.core.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
+from fl_lightning.core.distributed import leave_process_group
 from fl_lightning.core.module import FederatedModule
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
@@ -406,6 +407,7 @@ def main(args: Any = None) -> None:
             warnings.filterwarnings("ignore", message=f".*({_NOISE.pattern})")
             warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
             FederatedCLI(args=args)
+        leave_process_group()
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(2) from None

@@ -73,3 +73,16 @@ def all_reduce_sums(
     dist.all_reduce(local)
     for g, v in zip(names, local.tolist()):
         totals[g] = v
+
+
+def leave_process_group() -> None:
+    """Wait for every process, then destroy the process group (no-op outside one).
+
+    Called when a command ends, so that no process tears its connections down while another still
+    finishes its last round, evaluation or checkpoint: a process that exited first made gloo abort
+    its peers at interpreter exit ("terminate called without an active exception", status -6) in
+    some 2-process runs. Lightning's own ``atexit`` teardown then finds nothing left to destroy.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
