@@ -150,6 +150,13 @@ class FeatureTap:
         self._handle.remove()
         self.features = self.output = None
 
+    @staticmethod
+    def release(scratch: dict[str, Any], key: str) -> None:
+        """Remove the tap kept in ``scratch[key]``, if any (a strategy's ``upload`` ends its tap)."""
+        tap = scratch.pop(key, None)
+        if tap is not None:
+            tap.remove()
+
 
 def features_of(
     module: nn.Module, x: Tensor, state: Mapping[str, Tensor] | None = None, layer: nn.Module | None = None

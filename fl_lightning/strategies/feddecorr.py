@@ -60,9 +60,7 @@ class FedDecorr(Strategy):
         return self.beta * decorrelation_loss(z.float().flatten(1))
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
-        tap: FeatureTap | None = ctx.scratch.pop(_TAP, None)
-        if tap is not None:
-            tap.remove()
+        FeatureTap.release(ctx.scratch, _TAP)
         return super().upload(module, ctx)
 
     def extra_repr(self) -> str:

@@ -162,9 +162,7 @@ class FedPAC(FedRep):
         )
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
-        tap: FeatureTap | None = ctx.scratch.pop(_TAP, None)
-        if tap is not None:
-            tap.remove()
+        FeatureTap.release(ctx.scratch, _TAP)
         payload = super().upload(module, ctx)
         sums, counts, _ = self._statistics(module, ctx)  # prototypes with the trained body (step 3)
         h, v = ctx.scratch[_STATS]

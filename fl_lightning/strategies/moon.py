@@ -81,9 +81,7 @@ class MOON(Strategy):
         return self.mu * model_contrastive_loss(z.float(), z_glob.float(), z_prev.float(), self.temperature)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
-        tap: FeatureTap | None = ctx.scratch.pop(_TAP, None)
-        if tap is not None:
-            tap.remove()
+        FeatureTap.release(ctx.scratch, _TAP)
         payload = super().upload(module, ctx)
         if self.mu != 0:
             save_previous_model(module, ctx.state)
