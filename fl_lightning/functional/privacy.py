@@ -27,20 +27,13 @@ import torch
 from torch import Tensor
 
 from fl_lightning.errors import ConfigError
+from fl_lightning.functional.sharpness import global_norm
 
 #: The accountants :func:`epsilon_spent` knows: Opacus's class for each name.
 ACCOUNTANTS = {"rdp": "RDPAccountant", "prv": "PRVAccountant"}
 
 #: A privacy history: ``(noise multiplier z, sampling rate q, steps)`` triples, as Opacus keeps it.
 History = list[tuple[float, float, int]]
-
-
-def global_norm(tensors: Sequence[Tensor]) -> Tensor:
-    """``||(t_1, ..., t_L)||_2``: the L2 norm of all tensors taken as one vector (float32, 0-dim)."""
-    if not tensors:
-        return torch.zeros(())
-    norms = torch._foreach_norm([t.float() for t in tensors])
-    return torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
 
 
 def clip_factor(norm: Tensor | float, max_norm: float) -> Tensor:
