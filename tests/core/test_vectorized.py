@@ -108,11 +108,11 @@ def _fit(tmp_path, strategy, vectorize: int, net: str = "cnn", rounds: int = 3, 
     return module, log
 
 
-def _assert_same(seq, vec) -> None:
+def _assert_same(seq, vec, atol: float = ATOL) -> None:
     (a, log_a), (b, log_b) = seq, vec
     wa, wb = global_weights(a), global_weights(b)
     for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=ATOL)
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=atol)
     assert log_a.clients.keys() == log_b.clients.keys()
     for key, metrics in log_a.clients.items():
         assert log_b.clients[key] == pytest.approx(metrics, rel=1e-5, abs=1e-6)
@@ -168,7 +168,9 @@ def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, st
     monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     seq, vec = _fit(tmp_path, strategy, 1, "decomposed"), _fit(tmp_path, strategy, 4, "decomposed")
     assert _vectorised(vec[0])
-    _assert_same(seq, vec)
+    # FedDC's drift feeds each round's float32 rounding (vmap's batched convolutions sum in another
+    # order) into the next: 3.6e-5 on weights of magnitude 0.4 after 3 rounds with torch 2.14.1
+    _assert_same(seq, vec, atol=1e-4 if strategy == "FedDC" else ATOL)
 
 
 @pytest.mark.slow
