@@ -122,7 +122,7 @@ def _assert_same(seq, vec, atol: float = ATOL) -> None:
             sa, sb = a.store.get(cid), b.store.get(cid)
             assert sa.keys() == sb.keys()
             for k in sa:
-                torch.testing.assert_close(sa[k], sb[k], rtol=1e-4, atol=ATOL)
+                torch.testing.assert_close(sa[k], sb[k], rtol=1e-4, atol=atol)
     assert [r["train_loss"] for r in a.history] == pytest.approx(
         [r["train_loss"] for r in b.history], rel=1e-5
     )
