@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Trainer
 from torch import nn
 
-from fl_lightning.core.local import _CLIENT_STREAM
+from fl_lightning.engine.local import _CLIENT_STREAM
 from fl_lightning.data import ClientData
 from fl_lightning.functional.tensor import derive_seed
 

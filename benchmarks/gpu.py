@@ -31,8 +31,8 @@ import torch
 from common import bare_trainer, hand_written_fedavg, sync
 from lightning.pytorch import Callback, Trainer
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.client import ClientModule
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.data import IID, DatasetSplits, FederatedDataModule, register_dataset
 from fl_lightning.models import SmallCNN
 from fl_lightning.models.resnet import ResNet18GN

@@ -29,9 +29,9 @@ import torch
 from common import bare_trainer
 from gpu import RoundTimer
 
-from fl_lightning.core import vectorized
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.engine import vectorized
+from fl_lightning.api.client import ClientModule
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.data import IID, FederatedDataModule
 from fl_lightning.data.datasets import SyntheticData
 from fl_lightning.models import SmallCNN, create_model

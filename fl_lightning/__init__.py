@@ -3,10 +3,10 @@
 ``python -m fl_lightning fit`` trains FedAvg on the embedded digits data; see README.md.
 """
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.client import ClientModule
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.errors import ConfigError, RunError
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies, register_strategy
 
 __version__ = "0.1.0"

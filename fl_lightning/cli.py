@@ -24,13 +24,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
-from fl_lightning.core.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
-from fl_lightning.core.distributed import leave_process_group
-from fl_lightning.core.module import FederatedModule
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
+from fl_lightning.engine.distributed import leave_process_group
 from fl_lightning.errors import ConfigError, RunError, check_number
+from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
+from fl_lightning.lightning.loggers import RoundStepLogger
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import MODELS
 from fl_lightning.strategies import list_strategies
 
@@ -207,7 +208,7 @@ class FederatedCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         saver = self.save_config_callback
-        if self.subcommand != "fit" and config.get("logger") in (None, True):
+        if self.subcommand not in ("fit", None) and config.get("logger") in (None, True):
             # validate/test/predict log into their checkpoint's run folder, or nowhere
             config["logger"] = self._evaluation_logger()
             if config["logger"] is False:
@@ -231,7 +232,7 @@ class FederatedCLI(LightningCLI):
         ckpt = self.config.get(str(self.subcommand), {}).get("ckpt_path")
         if not ckpt or Path(ckpt).parent.name != "checkpoints":
             return False
-        return TensorBoardLogger(save_dir=str(Path(ckpt).parent.parent), name="", version=self.subcommand)
+        return RoundStepLogger(save_dir=str(Path(ckpt).parent.parent), name="", version=self.subcommand)
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:

@@ -8,10 +8,11 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from fl_lightning.api.client import ClientModule
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
-from fl_lightning.data import Dirichlet, FederatedDataModule
+from fl_lightning.data import IID, Dirichlet, FederatedDataModule
+from fl_lightning.engine import Engine, EngineConfig, LocalConfig
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
 from fl_lightning.strategies import FedAvg, Strategy
 
@@ -82,3 +83,25 @@ def fit(tmp_path):
         return trainer
 
     return run
+
+
+def make_engine(
+    strategy: Strategy | None = None,
+    num_clients: int = 4,
+    seed: int = 0,
+    local_steps: int = 2,
+    batch_size: int = 8,
+    width: int = 4,
+    **config: Any,
+) -> Engine:
+    """An engine (no Lightning) over ``num_clients`` IID digits clients, set up and ready for rounds."""
+    data = make_data(num_clients=num_clients, partition=IID(), batch_size=batch_size, local_test_fraction=0.0)
+    data.setup("fit")
+    torch.manual_seed(0)
+    client = ClientModule(
+        SmallCNN(in_channels=1, num_classes=10, width=width, hidden=16), lr=0.1, momentum=0.0
+    )
+    local = LocalConfig(batch_size=batch_size, local_steps=local_steps, seed=seed)
+    engine = Engine(client, strategy or FedAvg(), EngineConfig(local, **config))
+    engine.setup(data.clients, data.task, data.num_classes)
+    return engine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_lightning.core.aggregation import BufferedAggregator
+from fl_lightning.api.aggregation import BufferedAggregator
 from fl_lightning.strategies import FedAvg
 
 

@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.cli import FederatedCLI, main
-from fl_lightning.core.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.runs import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,10 +5,10 @@ import math
 import pytest
 
 from fl_lightning import strategies as S
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.client import ClientModule
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.lightning.module import FederatedModule
 
 NAN, INF = math.nan, math.inf
 

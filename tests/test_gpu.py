@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
+from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import main
-from fl_lightning.core.metrics import TaskMetrics
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.data.datasets import SyntheticData
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies
@@ -184,7 +184,7 @@ def test_metrics_are_computed_on_the_module_device_during_validation(tmp_path, d
 
     class Probe(Callback):
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-            seen.add((pl_module.global_metrics.device.type, pl_module.client_metrics.device.type))
+            seen.add((pl_module.global_metrics.device.type, pl_module.engine.local_metrics.device.type))
 
     trainer = make_trainer(tmp_path, rounds=1, accelerator=ACCELERATOR[device], callbacks=[Probe()])
     trainer.fit(make_module(), datamodule=synthetic_data())

@@ -15,7 +15,7 @@ class FederatedCallback(Callback):
 
     - ``on_round_start(trainer, pl_module, round, clients)`` before local training,
     - ``on_client_end(trainer, pl_module, round, index, total, result)`` after each client
-      (``result`` is the :class:`~fl_lightning.core.types.ClientResult`, or None if the client failed),
+      (``result`` is the :class:`~fl_lightning.api.types.ClientResult`, or None if the client failed),
     - ``on_round_end(trainer, pl_module, round, record)`` after the server update, with the
       round's record (clients, bytes, time, train metrics).
     """

@@ -1,8 +1,9 @@
 """Deployment through Flower: an fl_lightning config as a Flower ``ServerApp`` and ``ClientApp``.
 
-The same client code (:func:`fl_lightning.core.local.train_client`) and strategy hooks as the
-single-process simulation run on Flower SuperNodes, and an fl_lightning strategy's server half runs in
-Flower's ServerApp (:class:`FlowerStrategy`). Needs the optional extra: ``pip install 'fl_lightning[flwr]'``.
+The ServerApp fits the config as ``fit`` does (the same round engine, callbacks, logs and checkpoints);
+only the clients' local work runs elsewhere: :class:`~fl_lightning.flower.executor.FlowerExecutor` sends it
+to the SuperNodes through Flower's grid, where the ClientApp runs the same client functions as every
+executor (:mod:`fl_lightning.engine.local`). Needs the optional extra: ``pip install 'fl_lightning[flwr]'``.
 
     from fl_lightning.flower import client_app, server_app
     serverapp = server_app("configs/fedavg_digits.yaml")
@@ -32,14 +33,14 @@ def require_flwr(requirement: str = FLWR_REQUIREMENT) -> None:
 
 if RequirementCache(FLWR_REQUIREMENT):
     from fl_lightning.flower.client_app import client_app
-    from fl_lightning.flower.federation import Federation, load_federation
-    from fl_lightning.flower.server_app import server_app
-    from fl_lightning.flower.strategy import FlowerStrategy
+    from fl_lightning.flower.executor import FlowerExecutor
+    from fl_lightning.flower.federation import Federation, load_federation, load_run
+    from fl_lightning.flower.server_app import fit_on_grid, server_app
 
 
 def __getattr__(name: str) -> Any:
     """Without Flower, the apps are one-line errors (so ``python -m fl_lightning.flower`` prints one line)."""
-    if name in ("client_app", "Federation", "load_federation", "server_app", "FlowerStrategy"):
+    if name in __all__ and name not in ("FLWR_REQUIREMENT", "require_flwr"):
         require_flwr()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -47,9 +48,11 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "FLWR_REQUIREMENT",
     "Federation",
-    "FlowerStrategy",
+    "FlowerExecutor",
     "client_app",
+    "fit_on_grid",
     "load_federation",
+    "load_run",
     "require_flwr",
     "server_app",
 ]

@@ -30,11 +30,11 @@ def main(argv: list[str] | None = None) -> None:
         fed = load_federation(args.config, overrides)
         from flwr.simulation import run_simulation
 
-        def save(strategy: Any, result: Any) -> None:
+        def save(module: Any) -> None:
             if args.save_path:
                 import torch
 
-                torch.save(strategy.model.state_dict(), args.save_path)
+                torch.save(module.client.state_dict(), args.save_path)
 
         run_simulation(
             server_app(args.config, overrides, on_end=save),

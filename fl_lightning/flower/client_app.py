@@ -1,11 +1,12 @@
-"""A Flower ``ClientApp`` that runs fl_lightning's client: the same local work as the simulation.
+"""A Flower ``ClientApp`` that runs fl_lightning's client side: the same functions as every executor.
 
-On a ``train`` message the node's client (its partition id is its fl_lightning client id) loads the
-payload the server strategy built with ``strategy.message`` (weights, SCAFFOLD's control, ...), runs
-:func:`fl_lightning.core.local.train_client` (the function :class:`~fl_lightning.core.round.FederatedLoop`
-calls), keeps the client's state in ``context.state`` and replies with ``strategy.upload``'s payload,
-its metrics (``MetricRecord``) and its training-metric states. On ``evaluate`` it evaluates the model it
-would deploy (``personalize`` + ``adapt`` of the global model) on its local test split; on ``query`` it
+On a ``train`` message the node's client (its partition id is its fl_lightning client id) runs
+:func:`~fl_lightning.engine.local.train_client` on the payload the engine's ``strategy.message`` built,
+checks its upload (:func:`~fl_lightning.engine.local.check_upload`: a non-finite upload is an error reply,
+and the node keeps its old state, as the engine keeps it only for accepted clients), keeps its new state in
+``context.state`` and replies with the upload, its metrics (``MetricRecord``) and its training-metric
+states. On ``evaluate`` it evaluates the model it deploys
+(:func:`~fl_lightning.engine.local.evaluate_deployed`) and replies with the metric states; on ``query`` it
 tells the server which partition it holds.
 """
 
@@ -18,11 +19,13 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_lightning.core.local import evaluate, train_client
+from fl_lightning.engine.local import check_upload, evaluate_deployed, train_client
 from fl_lightning.errors import ConfigError
+from fl_lightning.flower.executor import NUM_PARTITIONS, PARTITION_ID, node_answer
 from fl_lightning.flower.federation import Federation, cached_federation
 from fl_lightning.flower.records import (
     CONFIG,
+    EVAL_STATE,
     METRICS,
     TRAIN_STATE,
     load_client_state,
@@ -30,14 +33,13 @@ from fl_lightning.flower.records import (
     payload_to_records,
     records_to_payload,
     save_client_state,
+    tensors_to_record,
     train_state_to_record,
 )
 from fl_lightning.functional.tensor import load_tensors
 
 log = logging.getLogger("fl_lightning")
 
-#: Keys of a node's ``node_config`` (``flower-supernode --node-config``; set by the simulation).
-PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
 #: Key of the run config (``[tool.flwr.app.config]``) naming the fl_lightning YAML.
 CONFIG_KEY = "config"
 
@@ -85,31 +87,29 @@ def client_app(
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         fed = federation(context)
-        pid = partition_of(context, fed)
-        reply = ConfigRecord({PARTITION_ID: pid, NUM_PARTITIONS: fed.num_clients})
-        return Message(RecordDict({CONFIG: reply}), reply_to=msg)
+        return node_answer(partition_of(context, fed), fed.num_clients, msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         fed = federation(context)
         cid = _checked_client(msg, context, fed)
-        cfg = msg.content.config_records[CONFIG]
-        round_idx = int(cfg["round"])
-        worker, strategy = fed.worker, fed.module.strategy
-        message = records_to_payload(msg.content, fed.device)
+        round_idx = int(msg.content.config_records[CONFIG]["round"])
+        engine = fed.module.engine
+        worker = fed.worker
         _reset_personal(fed)
         res = train_client(
             worker,
-            strategy,
-            message,
+            engine.strategy,
+            records_to_payload(msg.content, fed.device),
             load_client_state(context.state),
-            fed.data.clients[cid],
+            engine.clients[cid],
             round_idx,
-            fed.module.loop.config,
+            engine.config.local,
             None,
-            fed.metrics(),
+            engine.local_metrics if engine.clients[cid].test_idx.numel() else None,
         )
-        save_client_state(context.state, res.state)
+        check_upload(cid, round_idx, res.upload)  # a fault: Flower replies with the error, state unchanged
+        save_client_state(context.state, res.state or {})
         content = RecordDict(
             {
                 **payload_to_records(res.upload),
@@ -126,18 +126,25 @@ def client_app(
     def evaluate_(msg: Message, context: Context) -> Message:
         fed = federation(context)
         cid = _checked_client(msg, context, fed)
-        worker, strategy, data = fed.worker, fed.module.strategy, fed.data.clients[cid]
+        engine = fed.module.engine
         _reset_personal(fed)
-        load_tensors(worker, records_to_payload(msg.content, fed.device).get("weights", {}))
-        state = {k: v.to(fed.device) for k, v in load_client_state(context.state).items()}
-        strategy.personalize(worker, cid, state)
-        strategy.adapt(worker, data, state, fed.data.batch_size)
-        metrics = fed.metrics()
-        evaluate(worker, data.eval_batches(fed.data.eval_batch_size), metrics)
-        # the training data stands in for a client without a test split
-        count = int(data.test_idx.numel()) or data.num_samples
+        metrics = engine.metrics()
+        local = engine.config.local
+        evaluate_deployed(
+            fed.worker,
+            records_to_payload(msg.content, fed.device).get("weights", {}),
+            engine.strategy,
+            engine.clients[cid],
+            load_client_state(context.state),
+            local.batch_size,
+            local.eval_batch_size,
+            metrics,
+        )
         content = RecordDict(
-            {METRICS: metrics_to_record(metrics.compute(), count), CONFIG: ConfigRecord({"client-id": cid})}
+            {
+                EVAL_STATE: tensors_to_record(metrics.state_tensors()),
+                CONFIG: ConfigRecord({"client-id": cid}),
+            }
         )
         return Message(content, reply_to=msg)
 
@@ -154,7 +161,7 @@ def _checked_client(msg: Message, context: Context, fed: Federation) -> int:
 
 def _reset_personal(fed: Federation) -> None:
     """Personal entries of the shared worker back to the initial model's (a client's first round starts
-    from them, as in the loop; the worker last trained another client)."""
+    from them, as in the engine's executors; the worker last trained another client)."""
     personal = fed.module.strategy.personal_names(fed.module.client)
     if personal:
         load_tensors(fed.worker, {n: t for n, t in fed.module.client.state_dict().items() if n in personal})

@@ -2,9 +2,9 @@
 
 Both apps read the config a user gives ``python -m fl_lightning fit --config``, through the same parser
 (:class:`~fl_lightning.cli.FederatedCLI`, so the same seed gives the same initial model and the same
-partition), without building a Trainer: the server side uses the global model, the strategy, the
-round loop's settings (sampling, local steps) and the number of rounds (``trainer.max_steps``); a
-client uses the client module, the strategy's client hooks and its own partition of the data.
+partition). The ServerApp builds the whole run, Trainer included (:func:`load_run`), and fits it with the
+clients' work sent to the SuperNodes; a ClientApp builds the model, the strategy and the data without a
+Trainer (:func:`load_federation`) and trains its own partition.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ from typing import Any
 
 import torch
 
+from fl_lightning.api.client import ClientModule
 from fl_lightning.cli import FederatedCLI
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.metrics import TaskMetrics
-from fl_lightning.core.module import FederatedModule
 from fl_lightning.data.federated import FederatedDataModule
+from fl_lightning.engine.local import cpu_threads
 from fl_lightning.errors import ConfigError
-
-_SMALL_MODEL = 1_000_000  # parameters; as FederatedModule.setup: one intra-op thread below this on CPU
+from fl_lightning.lightning.module import FederatedModule
 
 
 class _ConfigOnlyCLI(FederatedCLI):
@@ -38,20 +36,19 @@ class _ConfigOnlyCLI(FederatedCLI):
 
 @dataclass
 class Federation:
-    """The pieces of an fl_lightning run that a Flower app uses.
+    """The pieces of an fl_lightning run that a Flower ClientApp uses.
 
     Attributes:
         path: The YAML config it was built from.
-        module: The server module (global model ``module.client``, ``module.strategy``, ``module.loop``).
+        module: The server module (global model ``module.client``, ``module.strategy``, ``module.engine``,
+            set up with the data's clients).
         data: The federated data, set up (every client's partition, the global test set).
-        num_rounds: ``trainer.max_steps`` of the config (the number of rounds).
-        device: Where clients train and the server aggregates.
+        device: Where clients train.
     """
 
     path: Path
     module: FederatedModule
     data: FederatedDataModule
-    num_rounds: int
     device: torch.device
     _worker: ClientModule | None = field(default=None, repr=False)
 
@@ -65,10 +62,6 @@ class Federation:
         if self._worker is None:
             self._worker = copy.deepcopy(self.module.client).to(self.device)
         return self._worker
-
-    def metrics(self) -> TaskMetrics:
-        """Fresh evaluation metrics for the data's task."""
-        return TaskMetrics.for_task(self.data.task, self.data.num_classes)
 
 
 def resolve_config(config: str | Path, root: str | Path | None = None) -> Path:
@@ -84,48 +77,60 @@ def resolve_config(config: str | Path, root: str | Path | None = None) -> Path:
     return path
 
 
+def _parse(cls: type[FederatedCLI], path: Path, overrides: Sequence[str]) -> FederatedCLI:
+    """The CLI of ``path`` + ``overrides`` (not run); a bad value is the CLI's one line as a ConfigError."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return cls(args=["--config", str(path), *overrides], run=False)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        text = lines[-1].removeprefix("error: ") if lines else "cannot be parsed"
+        raise ConfigError(f"{path}: {text}") from None
+
+
+def load_run(
+    config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None
+) -> FederatedCLI:
+    """The whole run of ``config`` (plus ``overrides``) as ``fit`` builds it: ``cli.trainer``, ``cli.model``,
+    ``cli.datamodule`` (the global RNGs seeded with ``seed_everything`` first, as ``fit`` does).
+
+    Raises:
+        ConfigError: One line, for a missing file or a bad value (the CLI's own message).
+    """
+    return _parse(FederatedCLI, resolve_config(config, root), overrides)
+
+
 def load_federation(
     config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None
 ) -> Federation:
-    """Build the run of ``config`` (plus command-line style ``overrides``, e.g. ``--trainer.max_steps=3``).
+    """Build a client's view of the run of ``config`` (plus command-line style ``overrides``).
 
     Seeds the process's global RNGs with the config's ``seed_everything`` first, as ``fit`` does, so
-    the initial global model equals that of ``python -m fl_lightning fit --config <config>``.
+    the initial global model equals that of ``python -m fl_lightning fit --config <config>``, and sets the
+    engine up on the data's clients (its checks run here too).
 
     Raises:
         ConfigError: One line, for a missing file or a bad value (the CLI's own message).
     """
     path = resolve_config(config, root)
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            cli = _ConfigOnlyCLI(args=["--config", str(path), *overrides], run=False)
-    except SystemExit:
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        text = lines[-1].removeprefix("error: ") if lines else "cannot be parsed"
-        raise ConfigError(f"{path}: {text}") from None
+    cli = _parse(_ConfigOnlyCLI, path, overrides)
     module, data = cli.model, cli.datamodule
     accelerator = str(cli.config.get("trainer.accelerator", "auto"))
     gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
     device = torch.device("cuda" if gpu else "cpu")
     data.setup("fit")
     module._check_model(data)  # the config errors `fit` gives for a model that does not fit the data
-    module.loop.config.batch_size = data.batch_size
-    module.loop.sample(data.num_clients, 0)  # validates clients_per_round against the federation
-    module.strategy.setup(module.client, data.num_clients)
+    local = module.engine.config.local
+    local.batch_size, local.eval_batch_size = data.batch_size, data.eval_batch_size
+    module.engine.setup(data.clients, data.task, data.num_classes)
     module.client.to(device)
     module.strategy.to(device)
-    threads = module.threads_per_process
-    if (
-        threads is None
-        and device.type == "cpu"
-        and sum(p.numel() for p in module.client.parameters()) < _SMALL_MODEL
-    ):
-        threads = 1
-    if threads is not None:
-        torch.set_num_threads(threads)
-    rounds = int(cli.config.get("trainer.max_steps") or 0)
-    return Federation(path, module, data, rounds if rounds > 0 else 40, device)
+    if device.type == "cpu":
+        threads = cpu_threads(module.client, module.threads_per_process, processes=1)
+        if threads is not None:
+            torch.set_num_threads(threads)
+    return Federation(path, module, data, device)
 
 
 _CACHE: dict[tuple[str, tuple[str, ...]], Federation] = {}

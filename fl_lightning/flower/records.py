@@ -4,7 +4,8 @@ A message's content is a Flower ``RecordDict``; fl_lightning's payloads (``{grou
 e.g. SCAFFOLD's ``{"weights": ..., "control": ...}``) travel in it as one ``ArrayRecord`` per group under
 ``payload.<group>``, next to a ``ConfigRecord`` ``fl.config`` (round, client id) and, in a reply, a
 ``MetricRecord`` ``fl.metrics`` (the client's metrics and ``num-examples``, its aggregation weight) and an
-``ArrayRecord`` ``fl.train_state`` (its training-metric states, merged by state on the server).
+``ArrayRecord`` ``fl.train_state`` (its training-metric states, merged by state on the server); an evaluate
+reply carries the metric states of the client's deployed model as ``fl.eval_state``.
 A client's persistent state (``ctx.state``: SCAFFOLD's ``c_i``, personal layers) is kept between rounds
 in the node's ``context.state`` as the ``ArrayRecord`` ``fl.client_state``.
 """
@@ -17,7 +18,7 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import Tensor
 
-from fl_lightning.core.types import Payload, TrainState
+from fl_lightning.api.types import Payload, TrainState
 
 #: Prefix of the ``ArrayRecord`` of one payload group in a message's ``RecordDict``.
 PAYLOAD = "payload."
@@ -27,6 +28,8 @@ CONFIG = "fl.config"
 METRICS = "fl.metrics"
 #: ``ArrayRecord`` of a train reply: the training-metric states (``<metric>/<state>``).
 TRAIN_STATE = "fl.train_state"
+#: ``ArrayRecord`` of an evaluate reply: the metric states of the client's deployed model.
+EVAL_STATE = "fl.eval_state"
 #: ``ArrayRecord`` in the node's ``context.state``: the client's persistent state.
 CLIENT_STATE = "fl.client_state"
 #: ``MetricRecord`` key of a reply's aggregation weight (Flower's convention).

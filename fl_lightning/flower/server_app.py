@@ -1,4 +1,12 @@
-"""A Flower ``ServerApp`` that runs an fl_lightning config's rounds through :class:`FlowerStrategy`."""
+"""A Flower ``ServerApp`` that fits an fl_lightning config with its clients on Flower's SuperNodes.
+
+The ServerApp builds the run exactly as ``python -m fl_lightning fit --config <config>`` does (Trainer,
+``FederatedModule``, data, callbacks, logger) and fits it; the only difference is where the clients' local
+work runs: :class:`~fl_lightning.flower.executor.FlowerExecutor` sends it through the ServerApp's grid.
+So every policy of a round (sampling, attack, failure tolerance, ``max_failed_rounds``, a DP budget's
+stop, resume with ``ckpt_path``) is the engine's, and the run writes the same ``lightning_logs/version_N``
+(TensorBoard tags, ``checkpoints/last.ckpt``, ``summary.json``) as ``fit``.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +15,58 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import Result
 
-from fl_lightning.core.local import evaluate
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.flower.client_app import CONFIG_KEY
-from fl_lightning.flower.federation import Federation, load_federation
-from fl_lightning.flower.records import record_to_tensors
-from fl_lightning.flower.strategy import FlowerStrategy
+from fl_lightning.flower.executor import FlowerExecutor
+from fl_lightning.flower.federation import load_run
+from fl_lightning.lightning.module import FederatedModule
 
 log = logging.getLogger("fl_lightning")
 
-#: Run-config keys (``[tool.flwr.app.config]`` or ``flwr run --run-config``) the ServerApp reads.
-ROUNDS_KEY, SAVE_KEY = "num-server-rounds", "save-path"
+#: Run-config keys (``[tool.flwr.app.config]`` or ``flwr run --run-config``) the ServerApp reads:
+#: rounds (else the config's ``trainer.max_steps``), where to save the final global model, a checkpoint
+#: to resume from.
+ROUNDS_KEY, SAVE_KEY, CKPT_KEY = "num-server-rounds", "save-path", "ckpt-path"
 
-#: Called with the strategy (its ``model`` is the final global model) and Flower's ``Result``.
-OnEnd = Callable[[FlowerStrategy, Result], None]
+#: Called with the fitted module (its ``client`` is the final global model, ``history`` the rounds).
+OnEnd = Callable[[FederatedModule], None]
+
+
+def fit_on_grid(
+    grid: Grid,
+    config: str | Path,
+    overrides: Sequence[str] = (),
+    root: str | Path | None = None,
+    num_rounds: int | None = None,
+    ckpt_path: str | None = None,
+    wait_for_nodes: float = 600.0,
+    timeout: float | None = None,
+) -> FederatedModule:
+    """Fit the run of ``config`` (+ ``overrides``) with its clients' work on ``grid``'s nodes.
+
+    Args:
+        grid: The ServerApp's grid.
+        config: The YAML of ``python -m fl_lightning fit --config``.
+        overrides: Command-line style overrides (``--trainer.max_steps=3``,
+            ``--trainer.default_root_dir=...``).
+        root: Folder a relative ``config`` is relative to.
+        num_rounds: Rounds to run (None: the config's ``trainer.max_steps``).
+        ckpt_path: Resume from this checkpoint of an earlier run of the same config.
+        wait_for_nodes: Seconds to wait for a SuperNode of every partition.
+        timeout: Seconds to wait for a round's replies (None: no limit).
+
+    Returns:
+        The fitted module.
+    """
+    extra = [f"--trainer.max_steps={num_rounds}"] if num_rounds else []
+    cli = load_run(config, [*overrides, *extra], root)
+    module = cli.model
+    module.use_executor(FlowerExecutor(grid, wait_for_nodes=wait_for_nodes, timeout=timeout))
+    cli.trainer.fit(module, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    return module
 
 
 def server_app(
@@ -32,15 +74,13 @@ def server_app(
     overrides: Sequence[str] = (),
     root: str | Path | None = None,
     num_rounds: int | None = None,
-    evaluate_global: bool = True,
     wait_for_nodes: float = 600.0,
     on_end: OnEnd | None = None,
 ) -> ServerApp:
-    """The Flower ``ServerApp`` of an fl_lightning config.
+    """The Flower ``ServerApp`` of an fl_lightning config (see :func:`fit_on_grid`).
 
-    It builds the run from the config (global model initialised under ``seed_everything``, strategy,
-    sampling), runs ``num_rounds`` rounds of :class:`FlowerStrategy` and, with a run-config
-    ``save-path``, saves the final global model's ``state_dict`` there (``torch.save``).
+    With a run-config ``save-path`` it saves the final global model's ``state_dict`` there
+    (``torch.save``); ``ckpt-path`` resumes an earlier run's checkpoint.
 
     Args:
         config: The YAML of ``python -m fl_lightning fit --config``. The run config's ``config``
@@ -49,54 +89,30 @@ def server_app(
         root: Folder a relative ``config`` is relative to (a Flower app passes its own folder).
         num_rounds: Rounds to run; None: the run config's ``num-server-rounds``, else the config's
             ``trainer.max_steps``.
-        evaluate_global: Evaluate the global model on the global validation/test split after every
-            round (``global/*`` in Flower's result), as ``fit`` does.
         wait_for_nodes: Seconds to wait for a SuperNode of every partition.
-        on_end: Called at the end with the strategy and Flower's ``Result`` (e.g. to keep the model).
+        on_end: Called at the end with the fitted module (e.g. to keep the model).
     """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         path = context.run_config.get(CONFIG_KEY, config)
-        if path is None:
-            raise ConfigError(
-                f'flower: no fl_lightning config; set [tool.flwr.app.config] {CONFIG_KEY} = "<file>.yaml"'
-            )
-        fed = load_federation(str(path), overrides, root)
-        rounds = num_rounds or int(context.run_config.get(ROUNDS_KEY, 0)) or fed.num_rounds
-        strategy = FlowerStrategy(fed, wait_for_nodes=wait_for_nodes)
-        result = strategy.start(
-            grid,
-            strategy.global_arrays(),
-            num_rounds=rounds,
-            evaluate_fn=global_evaluation(fed) if evaluate_global else None,
-        )
+        try:
+            if path is None:
+                raise ConfigError(
+                    f'flower: no fl_lightning config; set [tool.flwr.app.config] {CONFIG_KEY} = "<file>.yaml"'
+                )
+            rounds = num_rounds or int(context.run_config.get(ROUNDS_KEY, 0)) or None
+            ckpt = context.run_config.get(CKPT_KEY) or None
+            module = fit_on_grid(grid, str(path), overrides, root, rounds, ckpt, wait_for_nodes)
+        except (ConfigError, RunError) as err:
+            log.error("error: %s", err)
+            raise
         save = context.run_config.get(SAVE_KEY)
         if save:
-            torch.save(strategy.model.state_dict(), str(save))
+            torch.save(module.client.state_dict(), str(save))
             log.info("final global model saved to %s", save)
         if on_end is not None:
-            on_end(strategy, result)
+            on_end(module)
 
     return app
-
-
-def global_evaluation(fed: Federation) -> Callable[[int, ArrayRecord], MetricRecord | None]:
-    """Flower's ``evaluate_fn``: the global model on the data's validation split (the test set if none)."""
-    model = fed.module.client
-
-    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        state = record_to_tensors(arrays, fed.device)
-        if any(n not in state for n in model.state_dict()):
-            return None
-        metrics = fed.metrics()
-        saved = {n: t.clone() for n, t in model.state_dict().items()}
-        model.load_state_dict(state)
-        try:
-            evaluate(model, fed.data.val_dataloader(), metrics)
-        finally:
-            model.load_state_dict(saved)
-        return MetricRecord({f"global/{k}": v for k, v in metrics.compute().items()})
-
-    return evaluate_fn

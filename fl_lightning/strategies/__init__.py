@@ -9,9 +9,10 @@ one import line here; ``@register_strategy`` lists it (:func:`list_strategies`).
 
 from __future__ import annotations
 
-from fl_lightning.core.types import ClientContext, RoundInfo
-from fl_lightning.strategies.base import (
+from fl_lightning.api import (
     STRATEGIES,
+    ClientContext,
+    RoundInfo,
     Strategy,
     StrategyWrapper,
     get_strategy,

@@ -9,11 +9,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.core.buffers import TensorBuffers
-from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.api import ClientContext, Strategy, TensorBuffers, register_strategy
+from fl_lightning.errors import check_number
 from fl_lightning.functional.tensor import Payload, load_tensors, proximal_term, shared_state
-from fl_lightning.strategies.base import Strategy, register_strategy
 from fl_lightning.strategies.side import SideSGD
 
 #: Prefix of a client's personal model ``v_k`` in its state (not ``personal/``: it never replaces the
@@ -105,11 +103,6 @@ class Ditto(Strategy):
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         personal: _Personal = ctx.scratch["ditto"]
-        if personal.steps == 0 and ctx.num_steps > 0:
-            raise ConfigError(
-                "Ditto trains the personal model in Strategy.local_step, which trainer.precision=16-mixed "
-                "bypasses; use trainer.precision 32 or bf16-mixed"
-            )
         floating = set(shared_state(module))
         ctx.state.update(
             {DITTO + n: t.detach().clone() for n, t in personal.tensors.items() if n in floating}
@@ -130,10 +123,6 @@ class _Personal:
     def __init__(self, tensors: dict[str, Tensor]) -> None:
         self.tensors = tensors
         self.sgd = SideSGD([t for t in tensors.values() if t.requires_grad])
-
-    @property
-    def steps(self) -> int:
-        return self.sgd.steps
 
     def step(
         self, module: nn.Module, batch: Any, reference: Mapping[str, Tensor], lam: float, lr: float

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.api import Strategy, register_strategy
 from fl_lightning.errors import ConfigError, check_number
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 class FedAdamOptimizer(torch.optim.Optimizer):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fl_lightning.strategies.base import Strategy, register_strategy
+from fl_lightning.api import Strategy, register_strategy
 
 
 @register_strategy

@@ -7,12 +7,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.robust import unflatten
 from fl_lightning.functional.sparsify import densify, flatten, indicator, random_indices, received_average
 from fl_lightning.functional.tensor import Payload, derive_seed, load_tensors, shared_state
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: Client-state key of the client's own (flattened) local model, for ``fill="own"``.
 LOCAL = "sar/local"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fl_lightning.api import Strategy, register_strategy
 from fl_lightning.errors import check_number
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy

@@ -7,12 +7,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.core.buffers import TensorBuffers
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, TensorBuffers, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import fedcm_directions_, trainable_parameters
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: Upload group carrying the client's ``K * eta`` (one scalar) for the server's normalisation.
 STEPS = "fedcm"

@@ -7,8 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.core.buffers import TensorBuffers
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, TensorBuffers, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import (
     add_grads_,
@@ -17,7 +16,6 @@ from fl_lightning.functional.corrections import (
     trainable_parameters,
 )
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.scaffold import TERMS, Scaffold
 
 #: ``ctx.state`` prefix of the client's local drift ``h_i`` (one entry per trainable parameter).

@@ -6,11 +6,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, Strategy, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.representation import FeatureTap, decorrelation_loss, features_of
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 _TAP = "feddecorr/tap"
 

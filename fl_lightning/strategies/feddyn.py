@@ -7,8 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.core.buffers import TensorBuffers
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, TensorBuffers, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import (
     add_grads_,
@@ -18,7 +17,6 @@ from fl_lightning.functional.corrections import (
     trainable_parameters,
 )
 from fl_lightning.functional.tensor import Payload, load_tensors
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: ``ctx.state`` prefix of the client dual ``lambda_i`` (one entry per trainable parameter).
 DUAL = "dual/"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 _GROUP = "fedexp"
 

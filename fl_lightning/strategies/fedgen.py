@@ -9,13 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.distillation import label_counts
 from fl_lightning.functional.representation import last_linear, linear_layer_names
 from fl_lightning.functional.synthetic import generator_input, label_weighted_heads, train_generator
 from fl_lightning.functional.tensor import Payload, derive_seed
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 GROUP = "fedgen"
 _PRIOR = "prior"

@@ -8,8 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.aggregation import BufferedAggregator, Entry
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import BufferedAggregator, ClientContext, Entry, RoundInfo, RunSpec, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.prototypes import (
     alignment_loss,
@@ -22,7 +21,6 @@ from fl_lightning.functional.prototypes import (
 )
 from fl_lightning.functional.representation import FeatureTap, features_of, frozen, linear_layer_names
 from fl_lightning.functional.tensor import Payload, load_tensors
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.fedrep import FedRep, head_steps
 
 _TAP = "fedpac/tap"
@@ -137,6 +135,14 @@ class FedPAC(FedRep):
         return msg
 
     # ------------------------------------------------------------------------------- client side
+    def check(self, model: nn.Module, spec: RunSpec) -> None:
+        super().check(model, spec)
+        if spec.task.multilabel or not spec.integer_labels:
+            raise ConfigError(
+                "model.strategy=FedPAC needs single-label classification data (integer class labels: its "
+                "class prototypes have one class per sample); choose another strategy for this data"
+            )
+
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
         if HEAD in ctx.message:  # the head the server combined for this client after its last round
@@ -176,8 +182,6 @@ class FedPAC(FedRep):
         data = ctx.data
         if data is None:
             raise RuntimeError("FedPAC needs the client's data in its context (ctx.data)")
-        if data.y.dim() != 1 or data.y.is_floating_point():
-            raise ConfigError("FedPAC needs single-label classification data (integer class labels)")
         layer = module.get_submodule(self._head_layer)
         classes = self.prototypes.shape[0]
         total: list[Tensor] | None = None

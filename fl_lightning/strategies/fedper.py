@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from fl_lightning.api import Strategy, register_strategy
 from fl_lightning.functional.representation import head_names
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy

@@ -6,11 +6,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, Strategy, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.tensor import proximal_terms
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 _TERMS = "fedprox/terms"
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, RunSpec, Strategy, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.representation import frozen
 from fl_lightning.functional.synthetic import (
@@ -17,7 +17,6 @@ from fl_lightning.functional.synthetic import (
     signed_gradient_steps,
     soft_cross_entropy,
 )
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 _PARAMS = "fedreg/params"
 
@@ -101,6 +100,14 @@ class FedReg(Strategy):
                 qs = forward(xs).float().softmax(dim=-1)
         return xs, qs, xp
 
+    def check(self, model: nn.Module, spec: RunSpec) -> None:
+        super().check(model, spec)
+        if spec.task.multilabel:
+            raise ConfigError(
+                "model.strategy=FedReg supports multiclass data only (its pseudo data are labelled by the "
+                "global model's softmax); choose another strategy for multilabel data"
+            )
+
     def local_step(
         self,
         module: nn.Module,
@@ -109,8 +116,6 @@ class FedReg(Strategy):
         batch: Any,
         closure: Callable[[], Tensor],
     ) -> None:
-        if getattr(module, "task", "multiclass") != "multiclass":
-            raise ConfigError("model.strategy=FedReg supports model.client.task='multiclass' only")
         names, params, anchors, saved = self._params(module, optimizer, ctx)
         x, y = batch[0], batch[1]
         xs, qs, xp = self.pseudo_data(module, ctx, x, y)

@@ -8,10 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, register_strategy
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.fedper import FedPer
 
 
@@ -98,16 +97,10 @@ class FedRep(FedPer):
             trainable = self._all_trainable(module)
             head = self.personal_names(module) & trainable
             _train_only(module, head if ctx.step < switch else trainable - head)
-        ctx.scratch["fedrep_steps"] = ctx.scratch.get("fedrep_steps", 0) + 1
         super().local_step(module, optimizer, ctx, batch, closure)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         _train_only(module, self._all_trainable(module))
-        if ctx.num_steps > 0 and not ctx.scratch.get("fedrep_steps"):
-            raise ConfigError(
-                "FedRep alternates head and body in Strategy.local_step, which trainer.precision=16-mixed "
-                "bypasses; use trainer.precision 32 or bf16-mixed"
-            )
         return super().upload(module, ctx)
 
     def extra_repr(self) -> str:

@@ -7,13 +7,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.buffers import TensorBuffers
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, TensorBuffers, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.sharpness import Grads, sam_offsets
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.feddyn import FedDyn
 from fl_lightning.strategies.mixins.sharpness import SAM_PARAMS, SharpnessAware, check_sam_args
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.sharpness import Grads
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.feddyn import FedDyn
 from fl_lightning.strategies.mixins.sharpness import SharpnessAware, check_sam_args
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from fl_lightning.api import register_strategy
 from fl_lightning.functional.representation import head_names
 from fl_lightning.functional.tensor import shared_state
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.fedper import FedPer
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from fl_lightning.api import Strategy, register_strategy
 from fl_lightning.functional.tensor import shared_state
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 
 @register_strategy

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, Strategy, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.representation import (
     FeatureTap,
@@ -18,7 +18,6 @@ from fl_lightning.functional.representation import (
     save_previous_model,
 )
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 _TAP = "moon/tap"
 

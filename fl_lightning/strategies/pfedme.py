@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fl_lightning.strategies.base import register_strategy
+from fl_lightning.api import register_strategy
 from fl_lightning.strategies.mixins.moreau import MoreauEnvelope
 
 

@@ -7,8 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fl_lightning.core.buffers import TensorBuffers
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, TensorBuffers, register_strategy
 from fl_lightning.functional.corrections import (
     add_grads_,
     fill_missing,
@@ -16,7 +15,6 @@ from fl_lightning.functional.corrections import (
     trainable_parameters,
 )
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 #: ``ctx.state`` prefix of the client control variate ``c_i`` (one entry per trainable parameter).
 CONTROL = "control/"

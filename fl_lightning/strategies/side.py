@@ -23,7 +23,6 @@ class SideSGD:
     def __init__(self, params: list[Tensor]) -> None:
         self.params = params
         self.optimizer: torch.optim.Optimizer | None = None
-        self.steps = 0
 
     def step(self, module: nn.Module, lr: float, device: torch.device, loss: Callable[[], Tensor]) -> None:
         """``loss()`` (evaluated with the global RNG left as it was), backward, one optimizer step."""
@@ -40,4 +39,3 @@ class SideSGD:
             self.optimizer.zero_grad(set_to_none=True)
             value.backward()
         self.optimizer.step()
-        self.steps += 1

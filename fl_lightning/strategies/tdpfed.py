@@ -8,12 +8,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, register_strategy
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.cp import cp_als, cp_reconstruct
 from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient
 from fl_lightning.models.cp import DENSE, cp_layers, dense_weights
-from fl_lightning.strategies.base import register_strategy
 from fl_lightning.strategies.mixins.moreau import MoreauEnvelope, PersonalModel, fit_loss
 
 log = logging.getLogger(__name__)

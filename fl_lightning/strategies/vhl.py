@@ -8,12 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, RunSpec, Strategy, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.representation import FeatureTap, features_of, last_linear
 from fl_lightning.functional.synthetic import virtual_contrastive_loss, virtual_dataset
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, register_strategy
 
 _TAP = "vhl/tap"
 #: ``ctx.scratch`` key of the last virtual batch's indices into the virtual dataset (for tests and logs).
@@ -95,10 +94,16 @@ class VHL(Strategy):
             )
         return self._virtual[key]
 
+    def check(self, model: nn.Module, spec: RunSpec) -> None:
+        super().check(model, spec)
+        if spec.task.multilabel:
+            raise ConfigError(
+                "model.strategy=VHL supports multiclass data only (its virtual data has one label per "
+                "sample); choose another strategy for multilabel data"
+            )
+
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
-        if getattr(module, "task", "multiclass") != "multiclass":
-            raise ConfigError("model.strategy=VHL supports model.client.task='multiclass' only")
         if self.lam != 0:
             FeatureTap(module, ctx.scratch, _TAP)
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import fl_lightning.data.flair as flair
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.client import ClientModule
 from fl_lightning.data import FederatedDataModule, load_dataset
 from fl_lightning.data.flair import (
     FLAIR_LABELS,
@@ -20,6 +19,7 @@ from fl_lightning.data.flair import (
     write_digits_as_flair,
 )
 from fl_lightning.errors import ConfigError
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
 from fl_lightning.strategies import FedAvg, FedCOG
 

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_lightning.cli import FederatedCLI
+from fl_lightning.lightning.module import FederatedModule
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "flower" / "fedavg_digits_mlp.yaml"
 SCAFFOLD = ["--model.strategy=fl_lightning.strategies.Scaffold"]
@@ -18,7 +19,8 @@ SCAFFOLD = ["--model.strategy=fl_lightning.strategies.Scaffold"]
 class LocalGrid:
     """A Flower ``Grid`` whose nodes are ``ClientApp`` calls in this process (one ``Context`` per node).
 
-    A client that raises replies with an error message, as Flower's runtimes do.
+    A client that raises replies with an error message, as Flower's runtimes do; the nodes in
+    ``fail_train`` raise on every ``train`` message (a crashing client).
     """
 
     def __init__(self, app: ClientApp, num_nodes: int, node_config: dict[str, Any] | None = None) -> None:
@@ -34,6 +36,7 @@ class LocalGrid:
             for pid in range(num_nodes)
         }
         self.sent: list[Message] = []
+        self.fail_train: set[int] = set()
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
@@ -43,16 +46,20 @@ class LocalGrid:
         for msg in messages:
             self.sent.append(msg)
             try:
-                replies.append(self.app(msg, self.contexts[msg.metadata.dst_node_id]))
+                node = msg.metadata.dst_node_id
+                if node in self.fail_train and msg.metadata.message_type == MessageType.TRAIN:
+                    raise RuntimeError("the client crashed")
+                replies.append(self.app(msg, self.contexts[node]))
             except Exception as err:
                 replies.append(Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg))
         return replies
 
 
-def fit_weights(
-    tmp_path: Path, config: Path = RECIPE, overrides: list[str] | None = None
-) -> dict[str, torch.Tensor]:
-    """The global model after ``python -m fl_lightning fit --config <config> <overrides>``."""
+def fit_run(
+    tmp_path: Path, config: Path = RECIPE, overrides: list[str] | None = None, logger: bool = False
+) -> FederatedModule:
+    """The module after ``python -m fl_lightning fit --config <config> <overrides>`` in ``tmp_path``."""
+    quiet = [] if logger else ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]
     cli = FederatedCLI(
         args=[
             "fit",
@@ -60,12 +67,19 @@ def fit_weights(
             str(config),
             *(overrides or []),
             f"--trainer.default_root_dir={tmp_path}",
-            "--trainer.logger=false",
             "--trainer.enable_progress_bar=false",
-            "--trainer.enable_checkpointing=false",
+            *quiet,
         ]
     )
-    return {k: v.detach().clone() for k, v in cli.model.client.state_dict().items()}
+    return cli.model
+
+
+def fit_weights(
+    tmp_path: Path, config: Path = RECIPE, overrides: list[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """The global model after ``python -m fl_lightning fit --config <config> <overrides>``."""
+    module = fit_run(tmp_path, config, overrides)
+    return {k: v.detach().clone() for k, v in module.client.state_dict().items()}
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -27,15 +27,16 @@ BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"
 def test_flower_simulation_equals_fit(tmp_path, overrides):
     out = {}
 
-    def keep(strategy, result):
-        out["weights"] = {k: v.detach().clone() for k, v in strategy.model.state_dict().items()}
-        out["history"] = strategy.history
+    def keep(module):
+        out["weights"] = {k: v.detach().clone() for k, v in module.client.state_dict().items()}
+        out["history"] = module.history
 
     run_simulation(
-        server_app(RECIPE, overrides, on_end=keep),
+        server_app(RECIPE, [*overrides, f"--trainer.default_root_dir={tmp_path}"], on_end=keep),
         client_app(RECIPE, overrides),
         num_supernodes=4,
         backend_config=BACKEND,
     )
-    assert [h["failed"] for h in out["history"]] == [0.0, 0.0, 0.0]
+    assert [h["failed"] for h in out["history"]] == [0, 0, 0]
+    assert (tmp_path / "lightning_logs" / "version_0" / "summary.json").is_file()
     assert max_diff(out["weights"], fit_weights(tmp_path, overrides=overrides)) <= 1e-5

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fl_lightning.core.client import ClientModule
+from fl_lightning.api.client import ClientModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.representation import head_names, linear_layer_names
 from fl_lightning.models import Decomposed, LeNet, SmallCNN, TorchvisionResNet18

@@ -5,11 +5,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.core.aggregation import Aggregator
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.aggregation import Aggregator
+from fl_lightning.api.client import ClientModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.decomposition import cross_term_expansion, reconstruct_filters
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import Decomposed, LeNet, SmallCNN
 from fl_lightning.models.decomposed import (
     DecomposedConv2d,

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.client import ClientModule
 from fl_lightning.errors import ConfigError
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import FedPara, LeNet, SmallCNN
 from fl_lightning.models.fedpara import (
     HadamardConv2d,

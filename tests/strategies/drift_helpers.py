@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.local import LocalConfig
-from fl_lightning.core.round import FederatedLoop
-from fl_lightning.core.state import ClientStateStore
+from fl_lightning.api.client import ClientModule
 from fl_lightning.data.federated import ClientData
+from fl_lightning.engine import ClientStateStore, Engine, EngineConfig, LocalConfig
 from fl_lightning.strategies import Strategy
 
 from conftest import global_weights, make_data, make_trainer
@@ -77,26 +73,17 @@ def run_rounds(
     lr: float,
     participation: float = 1.0,
 ) -> tuple[LeastSquares, ClientStateStore]:
-    """``rounds`` rounds of the framework's :class:`FederatedLoop` and server step (full-batch clients).
-
-    The server step is the one of ``FederatedModule._server_step``: ``server_update`` sets the
-    pseudo-gradient, the strategy's server optimizer steps once, then ``on_after_server_step``.
-    """
+    """``rounds`` rounds of the framework's round :class:`~fl_lightning.engine.round.Engine` (full-batch
+    clients; no Lightning): local work, aggregation, ``server_update``, the strategy's server optimizer
+    step and ``on_after_server_step``."""
     dim = clients[0].x.shape[1]
     model = least_squares_module(dim, lr)
-    worker = copy.deepcopy(model)
-    store = ClientStateStore()
-    config = LocalConfig(batch_size=max(c.num_samples for c in clients), local_steps=local_steps, seed=0)
-    loop = FederatedLoop(config, participation=participation)
-    strategy.setup(model, len(clients))
-    opt = strategy.configure_server_optimizer(list(model.parameters()))
+    local = LocalConfig(batch_size=max(c.num_samples for c in clients), local_steps=local_steps, seed=0)
+    engine = Engine(model, strategy, EngineConfig(local, participation=participation))
+    engine.setup(clients, "multiclass", 1)
     for t in range(rounds):
-        res = loop.run_round(t, model, worker, strategy, clients, store)
-        opt.zero_grad(set_to_none=True)
-        strategy.server_update(model, res.means, res.info)
-        opt.step()
-        strategy.on_after_server_step(model, res.means, res.info)
-    return model, store
+        engine.run_round(t)
+    return model, engine.store
 
 
 def assert_resume_is_identical(

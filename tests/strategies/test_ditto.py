@@ -5,13 +5,13 @@ import torch
 from drift_helpers import least_squares_module, single_client
 from personal_helpers import personal_model
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.local import LocalConfig, train_client
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.strategy import PERSONAL
+from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import LeNet
 from fl_lightning.strategies import Ditto, FedAvg, Local
-from fl_lightning.strategies.base import PERSONAL
 from fl_lightning.strategies.ditto import DITTO
 
 from conftest import global_weights, make_module

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 from fl_lightning import strategies
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api.strategy import PERSONAL
+from fl_lightning.api.types import ClientContext
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import STRATEGIES, FedAvg, FedProx, RoundInfo, get_strategy, list_strategies
-from fl_lightning.strategies.base import PERSONAL
 
 from conftest import global_weights, make_data, make_module
 
@@ -105,5 +105,5 @@ def test_every_registered_strategy_trains(name, fit):
         assert any(not torch.equal(start[k], end[k]) for k in start)
     else:  # nothing communicated (local-only training): the clients' own models trained instead
         assert all(torch.equal(start[k], end[k]) for k in start)
-        assert any(k.startswith(PERSONAL) for k in module.store.get(module.loop.sample(4, 0)[0]))
+        assert any(k.startswith(PERSONAL) for k in module.store.get(module.engine.sample(0)[0]))
     assert "global/acc" in trainer.callback_metrics

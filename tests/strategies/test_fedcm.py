@@ -5,7 +5,7 @@ import torch
 from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 from torch import nn
 
-from fl_lightning.core.local import LocalConfig, train_client
+from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedAvg, FedCM, RoundInfo
 

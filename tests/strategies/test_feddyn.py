@@ -13,7 +13,7 @@ from drift_helpers import (
 )
 from torch import nn
 
-from fl_lightning.core.local import LocalConfig, train_client
+from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedAvg, FedDyn, RoundInfo
 

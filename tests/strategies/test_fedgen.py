@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.core.aggregation import StreamingMean
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api.aggregation import StreamingMean
+from fl_lightning.api.types import ClientContext, RoundInfo
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.representation import last_linear

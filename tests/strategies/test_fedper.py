@@ -4,10 +4,10 @@ import pytest
 import torch
 from personal_helpers import personal_model, record_payloads
 
+from fl_lightning.api.strategy import PERSONAL
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.representation import head_names
 from fl_lightning.strategies import FedPer
-from fl_lightning.strategies.base import PERSONAL
 
 from conftest import global_weights, make_module
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api.types import ClientContext
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedAvg, FedReg
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from fl_lightning.core.client import ClientModule
+from fl_lightning.api.client import ClientModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import MLP
 from fl_lightning.strategies import FedAvg, FedSAM

@@ -9,7 +9,6 @@ tensors, a per-tensor norm or a per-tensor ``.to`` makes it grow with the model.
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -18,10 +17,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.local import LocalConfig
-from fl_lightning.core.round import FederatedLoop
-from fl_lightning.core.state import ClientStateStore
+from fl_lightning.api.client import ClientModule
+from fl_lightning.engine import Engine, EngineConfig, LocalConfig
 from fl_lightning.models import MLP
 from fl_lightning.strategies import (
     FedCM,
@@ -85,9 +82,7 @@ def _calls_per_run(make: Callable[[], Strategy], depth: int) -> Counter[str]:
     """
     torch.manual_seed(0)
     model = Client(MLP(in_features=64, num_classes=10, hidden=(8,) * depth), lr=0.05, momentum=0.0)
-    worker = copy.deepcopy(model)
     counter = CountCalls()
-    worker.counter = counter
     strategy = make()
     step = strategy.local_step
 
@@ -101,17 +96,12 @@ def _calls_per_run(make: Callable[[], Strategy], depth: int) -> Counter[str]:
     strategy.local_step = counted  # type: ignore[method-assign]
     dm = make_data(num_clients=2, batch_size=8)
     dm.setup("fit")
-    loop = FederatedLoop(LocalConfig(batch_size=8, local_steps=3, seed=0))
-    strategy.setup(model, 2)
-    opt = strategy.configure_server_optimizer(list(model.parameters()))
-    store = ClientStateStore()
+    engine = Engine(model, strategy, EngineConfig(LocalConfig(batch_size=8, local_steps=3, seed=0)))
+    engine.setup(dm.clients, dm.task, dm.num_classes)
+    engine.worker.counter = counter
     with counter:
         for t in range(2):  # the second round has client state (duals, control variates, mu)
-            res = loop.run_round(t, model, worker, strategy, dm.clients, store)
-            opt.zero_grad(set_to_none=True)
-            strategy.server_update(model, res.means, res.info)
-            opt.step()
-            strategy.on_after_server_step(model, res.means, res.info)
+            engine.run_round(t)
     return counter.calls
 
 

@@ -3,9 +3,9 @@
 import torch
 from personal_helpers import personal_model, record_payloads
 
-from fl_lightning.core.local import train_client
+from fl_lightning.api.strategy import PERSONAL
+from fl_lightning.engine.local import train_client
 from fl_lightning.strategies import FedAvg, Local
-from fl_lightning.strategies.base import PERSONAL
 
 from conftest import global_weights, make_module
 
@@ -29,7 +29,9 @@ def test_each_client_model_is_its_own_training_alone(fit):
     for data in module.datamodule.clients:
         weights = w0
         for r in range(2):  # the client alone: FedAvg's local work on its own previous model
-            res = train_client(worker, FedAvg(), {"weights": weights}, {}, data, r, module.loop.config)
+            res = train_client(
+                worker, FedAvg(), {"weights": weights}, {}, data, r, module.engine.config.local
+            )
             weights = res.upload["weights"]
         state = module.store.get(data.client_id)
         deployed = personal_model(module, data.client_id)

@@ -5,12 +5,12 @@ import copy
 import pytest
 import torch
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.types import ClientContext
 from fl_lightning.data import FederatedDataModule, Pathological
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.tensor import load_tensors, shared_state
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import DNN
 from fl_lightning.strategies import PFedMe, RoundInfo
 from fl_lightning.strategies.mixins.moreau import SCRATCH, THETA

@@ -11,7 +11,7 @@ from drift_helpers import (
 )
 from torch import nn
 
-from fl_lightning.core.local import LocalConfig, train_client
+from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.strategies import FedAvg, RoundInfo, Scaffold
 
 from conftest import global_weights, make_module

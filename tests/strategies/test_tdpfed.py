@@ -8,19 +8,19 @@ import torch
 from torch.func import functional_call
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from fl_lightning.core.aggregation import Aggregator
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
-from fl_lightning.core.round import num_sampled, sample_clients
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api.aggregation import Aggregator
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.strategy import Strategy
+from fl_lightning.api.types import ClientContext
 from fl_lightning.data import FederatedDataModule, Pathological
+from fl_lightning.engine.round import num_sampled, sample_clients
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.cp import act_tensor, afm, cp_als, cp_factor_grads, cp_reconstruct
 from fl_lightning.functional.tensor import load_tensors, payload_bytes, shared_state
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import DNN
 from fl_lightning.models.cp import cp_layers, dense_weights
 from fl_lightning.strategies import FedAvg, PFedMe, RoundInfo, TDPFed
-from fl_lightning.strategies.base import Strategy
 from fl_lightning.strategies.mixins.moreau import SCRATCH, THETA, fit_loss
 
 from conftest import global_weights

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api.types import ClientContext
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.representation import features_of
 from fl_lightning.functional.synthetic import virtual_contrastive_loss

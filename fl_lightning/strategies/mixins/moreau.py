@@ -28,12 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, Strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.moreau import personal_steps, squared_distance
 from fl_lightning.functional.tensor import Payload
 from fl_lightning.models.cp import DenseView, clear_dense_weights, dense_weights, set_dense_weights
-from fl_lightning.strategies.base import Strategy
 
 #: Prefix of the personalised model ``theta~_k`` in a client's state (kept for evaluation only).
 THETA = "theta/"
@@ -61,7 +60,6 @@ class PersonalModel:
     view: DenseView
     lr0: float = 0.0
     optimizer: torch.optim.Optimizer | None = None
-    steps: int = 0
 
 
 class MoreauEnvelope(Strategy):
@@ -146,7 +144,6 @@ class MoreauEnvelope(Strategy):
         if track is not None:
             track(outputs, batch[1].to(outputs.device), loss)
         self.outer_step(module, optimizer, ctx, p)
-        p.steps += 1
 
     def outer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext, personal: PersonalModel
@@ -162,11 +159,6 @@ class MoreauEnvelope(Strategy):
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         p: PersonalModel = ctx.scratch[SCRATCH]
-        if p.steps == 0 and ctx.num_steps > 0:
-            raise ConfigError(
-                f"{type(self).__name__} trains in Strategy.local_step, which trainer.precision=16-mixed "
-                "bypasses; use trainer.precision 32 or bf16-mixed"
-            )
         ctx.state.update({THETA + n: t.detach().clone() for n, t in p.theta.items()})
         return super().upload(module, ctx)
 

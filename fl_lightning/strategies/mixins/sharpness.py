@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.api import ClientContext
+from fl_lightning.errors import check_number
 from fl_lightning.functional.sharpness import Grads, clip_grads_, missing, perturb, restore, sam_offsets
 
 #: ``ctx.scratch`` key that is True while a SAM pass runs the closure (the base's terms are off).
@@ -164,12 +164,9 @@ class SharpnessAware:
     def on_before_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        if ctx.scratch.get(SAM_PASS):
-            return
-        raise ConfigError(
-            f"model.strategy={type(self).__name__} needs its two-pass local step, which 16-bit mixed "
-            "precision bypasses; set trainer.precision to bf16-mixed or 32-true"
-        )
+        """Nothing in the closure's two passes: :meth:`local_step` applies the base strategy's gradient
+        corrections once, after the restore (16-bit mixed precision, which would call this outside the
+        passes, is refused by :meth:`~fl_lightning.api.strategy.Strategy.check`)."""
 
 
 def _trainable(

@@ -17,8 +17,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from fl_lightning.core.aggregation import BufferedAggregator
-from fl_lightning.core.types import ClientContext, Payload, RoundInfo
+from fl_lightning.api import (
+    BufferedAggregator,
+    ClientContext,
+    Payload,
+    RoundInfo,
+    Strategy,
+    StrategyWrapper,
+    register_strategy,
+)
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.privacy import (
     ACCOUNTANTS,
@@ -34,7 +41,6 @@ from fl_lightning.functional.privacy import (
     update_noise_multiplier,
 )
 from fl_lightning.functional.tensor import derive_seed, shared_state
-from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
 
 log = logging.getLogger(__name__)

@@ -9,10 +9,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext, RoundInfo
+from fl_lightning.api import ClientContext, RoundInfo, Strategy, StrategyWrapper, register_strategy
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.tensor import Payload, load_tensors
-from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api import ClientContext, Strategy, StrategyWrapper, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.distillation import (
     complementary_counts,
@@ -22,7 +22,6 @@ from fl_lightning.functional.distillation import (
 )
 from fl_lightning.functional.representation import frozen, frozen_forward, previous_model, save_previous_model
 from fl_lightning.functional.tensor import Payload
-from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
 
 _SCRATCH = "fedcog"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.api import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import derive_seed, module_device, to_device
-from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
 
 _FINETUNE_STREAM = 0xF7E

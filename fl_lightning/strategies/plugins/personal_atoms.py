@@ -10,11 +10,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.api import ClientContext, Strategy, StrategyWrapper, register_strategy
 from fl_lightning.functional.tensor import Payload, load_tensors
 from fl_lightning.models.decomposed import atom_names
-from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.side import SideSGD
 
@@ -98,11 +96,6 @@ class PersonalAtoms(StrategyWrapper):
         up = super().upload(module, ctx)
         local: _LocalAtoms | None = ctx.scratch.get("personal_atoms")
         if local is not None:
-            if local.steps == 0 and ctx.num_steps > 0:
-                raise ConfigError(
-                    "PersonalAtoms trains local atoms in Strategy.local_step, which "
-                    "trainer.precision=16-mixed bypasses; use trainer.precision 32 or bf16-mixed"
-                )
             ctx.state.update({LOCAL_ATOMS + n: t.detach().clone() for n, t in local.atoms.items()})
         return up
 
@@ -126,10 +119,6 @@ class _LocalAtoms:
         self.received = received
         self.atoms = atoms
         self.sgd = SideSGD(list(atoms.values()))
-
-    @property
-    def steps(self) -> int:
-        return self.sgd.steps
 
     def step(self, module: nn.Module, batch: Any, lr: float) -> None:
         """One SGD step on ``F_k(alpha^t, D_l, theta_h^t)`` for the batch; leaves the global RNG as it was."""

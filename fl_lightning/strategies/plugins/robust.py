@@ -3,7 +3,7 @@
 The robust plug-ins wrap any strategy and replace the weighted mean of the ``"weights"`` group by a
 robust reduction of the client updates ``Delta_k = w_k - w^t`` (``w^t``: the weights the round's
 message carried), computed on the server from every upload kept by a
-:class:`~fl_lightning.core.aggregation.BufferedAggregator`; the aggregate handed to the base's
+:class:`~fl_lightning.api.aggregation.BufferedAggregator`; the aggregate handed to the base's
 ``server_update`` is ``w^t + robust(Delta_1..Delta_K)``. Other payload groups (control variates, duals)
 keep the base's weighted mean. Test a defence with ``model.attack`` (simulated malicious clients, any
 strategy) or nest :class:`Attack`: ``Median(Attack(FedAvg(), fraction=0.4))``.
@@ -16,8 +16,15 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.core.aggregation import BufferedAggregator, Entry
-from fl_lightning.core.types import ClientContext, Payload
+from fl_lightning.api import (
+    BufferedAggregator,
+    ClientContext,
+    Entry,
+    Payload,
+    Strategy,
+    StrategyWrapper,
+    register_strategy,
+)
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.robust import (
     attack_update,
@@ -30,7 +37,6 @@ from fl_lightning.functional.robust import (
     unflatten,
 )
 from fl_lightning.functional.tensor import shared_state
-from fl_lightning.strategies.base import Strategy, StrategyWrapper, register_strategy
 from fl_lightning.strategies.fedavg import FedAvg
 
 

@@ -1,12 +1,10 @@
 """The two-pass local step of SharpnessAware (the math is tested in tests/functional/test_sharpness.py)."""
 
-import pytest
 import torch
 from torch import nn
 
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.types import ClientContext
-from fl_lightning.errors import ConfigError
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.types import ClientContext
 from fl_lightning.models import MLP
 from fl_lightning.strategies import FedAvg, FedSAM
 from fl_lightning.strategies.mixins.sharpness import SAM_PASS, SharpnessAware
@@ -124,13 +122,6 @@ def test_both_passes_use_the_same_minibatch_and_steps_cost_two_passes(fit):
     for first, second in zip(seen[0::2], seen[1::2]):
         assert torch.equal(first, second)
     assert not torch.equal(seen[0], seen[2])
-
-
-def test_sam_step_is_rejected_when_the_loop_bypasses_it():
-    strategy = FedSAM()
-    ctx = ClientContext(0, 0, {}, {}, 1, 1, 0.1, strategy)
-    with pytest.raises(ConfigError, match="trainer.precision"):
-        strategy.on_before_optimizer_step(nn.Linear(1, 1), None, ctx)
 
 
 def test_train_statistics_report_the_loss_at_w(fit):

@@ -12,11 +12,11 @@ import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 from torch import nn
 
+from fl_lightning.api.types import ClientContext, RoundInfo
 from fl_lightning.cli import main
-from fl_lightning.core.checkpoint import LastRoundCheckpoint
-from fl_lightning.core.types import ClientContext, RoundInfo
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.functional.privacy import global_norm
+from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import DP, FedAvg, Median, Scaffold, get_strategy
 
 from conftest import global_weights, make_data, make_module, make_trainer

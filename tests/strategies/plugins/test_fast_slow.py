@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from fl_lightning.api.client import ClientModule
 from fl_lightning.callbacks import FederatedCallback
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.module import FederatedModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.decomposition import fast_slow_ratio
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import Decomposed, SmallCNN
 from fl_lightning.models.decomposed import atom_names, coefficient_names
 from fl_lightning.strategies import FastSlow, FedAvg, PersonalAtoms
@@ -103,7 +103,7 @@ def test_partial_participation_sends_coefficients_to_clients_that_missed_an_upda
     slow = 4 * sum(state[n].numel() for n in coefficient_names(module.client))
     held = [-1] * 4
     for t, record in enumerate(module.history):
-        sampled = module.loop.sample(4, t)
+        sampled = module.engine.sample(t)
         version = -(-t // 2)
         expected = sum(full - (slow if held[c] == version else 0) for c in sampled)
         assert record["bytes_down"] == expected, t

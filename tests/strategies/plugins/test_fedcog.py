@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fl_lightning.strategies.plugins.fedcog as fedcog_module
+from fl_lightning.api.types import ClientContext
 from fl_lightning.callbacks import FederatedCallback
-from fl_lightning.core.types import ClientContext
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.representation import PREVIOUS
 from fl_lightning.strategies import STRATEGIES, FedAvg, FedCOG, FedProx, get_strategy
@@ -139,7 +139,7 @@ def test_kd_term_moves_the_local_model_towards_the_teacher():
 def test_generation_leaves_parameters_buffers_modes_and_grads_of_a_bn_model_untouched():
     from torch import nn
 
-    from fl_lightning.core.client import ClientModule
+    from fl_lightning.api.client import ClientModule
     from fl_lightning.functional.representation import save_previous_model
 
     torch.manual_seed(0)

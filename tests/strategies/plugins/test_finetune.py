@@ -31,7 +31,7 @@ def test_validate_and_test_fine_tune_despite_lightning_inference_mode(fit):
     module = make_module(FineTune(epochs=1))
     trainer = fit(module, rounds=1)
     during_fit = dict(module.client_eval)
-    module.__dict__.pop("_worker")  # as from a checkpoint: the worker is made inside validate
+    module.engine._worker = None  # as from a checkpoint: the worker is made inside validate
     val = trainer.validate(module, datamodule=module.datamodule, verbose=False)[0]
     assert "personal/acc" in val and module.client_eval == during_fit
     assert "personal/acc" in trainer.test(module, datamodule=module.datamodule, verbose=False)[0]

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fl_lightning.api.client import ClientModule
 from fl_lightning.callbacks import FederatedCallback
-from fl_lightning.core.client import ClientModule
-from fl_lightning.core.local import evaluate
-from fl_lightning.core.module import FederatedModule
+from fl_lightning.engine.local import evaluate
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import Decomposed, LeNet, SmallCNN
 from fl_lightning.models.decomposed import atom_names, coefficient_names
 from fl_lightning.strategies import FedAvg, FedProx, PersonalAtoms
@@ -111,7 +111,7 @@ def test_unselected_clients_keep_their_local_atoms(fit):
     module = _module(PersonalAtoms(), clients_per_round=2)
     fit(module, rounds=4, callbacks=[rec])
     for r in range(1, 4):
-        sampled = module.loop.sample(4, r)
+        sampled = module.engine.sample(r)
         for c in range(4):
             before, after = rec.local[r - 1][c], rec.local[r][c]
             if c in sampled:
@@ -155,7 +155,7 @@ def test_reported_client_metrics_are_those_of_the_deployed_model_on_the_local_te
 
     def metrics_of(weights, client):
         module.worker.load_state_dict(weights)
-        metrics = module.client_metrics.clone()
+        metrics = module.engine.metrics()
         evaluate(module.worker, client.eval_batches(data.eval_batch_size), metrics)
         return {k: float(v) for k, v in metrics.compute().items()}
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from fl_lightning.core.aggregation import BufferedAggregator
-from fl_lightning.core.types import ClientContext
+from fl_lightning.api.aggregation import BufferedAggregator
+from fl_lightning.api.types import ClientContext
 from fl_lightning.data import IID
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.robust import malicious_clients

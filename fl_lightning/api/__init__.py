@@ -1,0 +1,69 @@
+"""What strategies (and user code) program against: the bottom of the package above ``functional``.
+
+- :mod:`~fl_lightning.api.types`: what travels through a round (``Payload``, ``ClientContext``,
+  ``ClientResult``, ``RoundInfo``, ``RoundResult``) and what a run is made of (``RunSpec``);
+- :mod:`~fl_lightning.api.buffers`: ``TensorBuffers``, a strategy's model-shaped server state;
+- :mod:`~fl_lightning.api.aggregation`: the aggregators (``StreamingMean``, ``BufferedAggregator``);
+- :mod:`~fl_lightning.api.collectives`: the process-group collectives the aggregators use;
+- :mod:`~fl_lightning.api.strategy`: the ``Strategy`` base, ``StrategyWrapper`` and the registry;
+- :mod:`~fl_lightning.api.task`: the ``Task`` (multiclass / multilabel: loss, predictions, metrics);
+- :mod:`~fl_lightning.api.metrics`: ``TaskMetrics``, merged by state;
+- :mod:`~fl_lightning.api.client`: ``ClientModule``, the client LightningModule.
+
+Nothing here imports the engine, the Lightning or Flower adapters, the strategies or the CLI.
+"""
+
+from __future__ import annotations
+
+from fl_lightning.api.aggregation import Aggregator, BufferedAggregator, Entry, StreamingMean
+from fl_lightning.api.buffers import TensorBuffers
+from fl_lightning.api.client import ClientModule, merge_train_states
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.strategy import (
+    PERSONAL,
+    STRATEGIES,
+    Strategy,
+    StrategyWrapper,
+    get_strategy,
+    list_strategies,
+    load_personal,
+    register_strategy,
+)
+from fl_lightning.api.task import TASKS, Task
+from fl_lightning.api.types import (
+    ClientContext,
+    ClientResult,
+    Payload,
+    RoundInfo,
+    RoundResult,
+    RunSpec,
+    TrainState,
+)
+
+__all__ = [
+    "PERSONAL",
+    "STRATEGIES",
+    "TASKS",
+    "Aggregator",
+    "BufferedAggregator",
+    "ClientContext",
+    "ClientModule",
+    "ClientResult",
+    "Entry",
+    "Payload",
+    "RoundInfo",
+    "RoundResult",
+    "RunSpec",
+    "Strategy",
+    "StrategyWrapper",
+    "StreamingMean",
+    "Task",
+    "TaskMetrics",
+    "TensorBuffers",
+    "TrainState",
+    "get_strategy",
+    "list_strategies",
+    "load_personal",
+    "merge_train_states",
+    "register_strategy",
+]

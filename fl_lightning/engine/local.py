@@ -1,0 +1,347 @@
+"""A client's side of a round: its local work, the check of what it sends, the model it deploys.
+
+A client's work (:func:`train_client`) is a function of what the server sends, the client's state,
+its data and its RNG stream (derived from ``(seed, round, client_id)``), so it gives the same result
+whichever process runs it (one process, several, a Flower SuperNode) and however many rounds ran before
+a resume. :func:`check_upload` is the client fault the engine tolerates (non-finite values);
+:func:`evaluate_deployed` evaluates the model a client deploys (the global model after the strategy's
+``personalize`` and ``adapt``) on its local test split. Every executor and the Flower ClientApp call these
+same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.types import ClientContext, ClientResult
+from fl_lightning.data.federated import ClientData
+from fl_lightning.functional.sharpness import clip_grads_
+from fl_lightning.functional.tensor import (
+    Payload,
+    all_finite,
+    derive_seed,
+    load_tensors,
+    module_device,
+    payload_bytes,
+    seed_rng,
+    to_device,
+)
+
+if TYPE_CHECKING:
+    from fl_lightning.api.strategy import Strategy
+
+_CLIENT_STREAM = 0xC11
+#: Parameters below which a CPU process trains on one intra-op thread by default (see :func:`cpu_threads`).
+SMALL_MODEL = 1_000_000
+
+
+def cpu_threads(model: nn.Module, requested: int | None, processes: int) -> int | None:
+    """Intra-op threads for a CPU process that trains ``model`` (None: leave torch's default).
+
+    ``requested`` (``model.threads_per_process``) if given; else 1 when several CPU processes share the
+    machine (``processes > 1``: two processes of two threads on two cores oversubscribe them, a tiny
+    model's step went from 0.3 ms to 30 ms) or when the model is small (below :data:`SMALL_MODEL`
+    parameters: one thread was 13% faster on an idle machine and 9x faster on a busy one).
+    """
+    if requested is not None:
+        return requested
+    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
+    return 1 if processes > 1 or small else None
+
+
+def check_upload(client_id: int, round: int, upload: Payload) -> None:
+    """The client's own fault that a round tolerates: an upload with non-finite values raises
+    ``FloatingPointError`` (checked with one host sync for the whole payload)."""
+    if not all_finite(upload):
+        raise FloatingPointError(f"client {client_id} uploaded non-finite values in round {round}")
+
+
+@torch.inference_mode(False)  # adapt may train (FineTune); validate/test run in inference mode
+@torch.no_grad()
+def evaluate_deployed(
+    worker: nn.Module,
+    weights: Payload,
+    strategy: Strategy,
+    data: ClientData,
+    state: dict[str, Tensor],
+    batch_size: int,
+    eval_batch_size: int,
+    metrics: TaskMetrics,
+    precision: Any = None,
+) -> None:
+    """Update ``metrics`` with the model ``data``'s client deploys, on its local test split.
+
+    The deployed model is the global model (``weights``, loaded into ``worker``) after
+    ``strategy.personalize`` (the client's personal entries from ``state``) and ``strategy.adapt`` (e.g.
+    local fine-tuning on its training data, batch size ``batch_size``); a client without a test split is
+    evaluated on its training data.
+    """
+    device = module_device(worker)
+    load_tensors(worker, weights)
+    state = {k: v.to(device) for k, v in state.items()}
+    strategy.personalize(worker, data.client_id, state)
+    strategy.adapt(worker, data, state, batch_size)
+    evaluate(worker, data.eval_batches(eval_batch_size), metrics, precision)
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, batches: Any, metrics: TaskMetrics, precision: Any = None) -> None:
+    """Update ``metrics`` with ``module``'s outputs on ``batches`` (eval mode, restored after).
+
+    Each batch is moved to ``module``'s device first, wherever the data lives (e.g. the data module's
+    tensors on the GPU and the module back on the CPU after ``fit``), and so are the metric states.
+    """
+    was_training = module.training
+    module.eval()
+    device = module_device(module)
+    metrics.to(device)
+    ctx = precision.val_step_context() if precision is not None else contextlib.nullcontext()
+    with ctx:
+        for batch in batches:
+            x, y = to_device(batch, device)
+            if precision is not None:
+                x = precision.convert_input(x)
+            metrics.update(module(x).float(), y)
+    module.train(was_training)
+
+
+@dataclass
+class LocalConfig:
+    """How much local work a client does and how (shared by all clients of a run)."""
+
+    batch_size: int
+    eval_batch_size: int = 512
+    local_epochs: int = 1
+    local_steps: int | None = None
+    lr_decay: float = 1.0
+    grad_clip_norm: float | None = None
+    seed: int = 0
+    compile: bool | str = False
+    vectorize: int = 1
+    vectorize_memory_gb: float | None = None
+
+    def compile_mode(self, device: torch.device) -> str | None:
+        """The ``torch.compile`` mode of the clients' forward pass (None: eager).
+
+        ``True`` is ``"reduce-overhead"`` (CUDA graphs: one launch per step instead of one per kernel)
+        on a CUDA device and ``"default"`` elsewhere; a string is the mode itself.
+        """
+        if self.compile is False:
+            return None
+        if self.compile is True:
+            return "reduce-overhead" if device.type == "cuda" else "default"
+        return str(self.compile)
+
+    def num_steps(self, data: ClientData) -> int:
+        if self.local_steps is not None:
+            return self.local_steps
+        return self.local_epochs * data.steps_per_epoch(self.batch_size)
+
+
+def train_client(
+    worker: ClientModule,
+    strategy: Strategy,
+    message: Payload,
+    state: dict[str, Tensor],
+    data: ClientData,
+    round: int,
+    config: LocalConfig,
+    precision: Any = None,
+    eval_metrics: TaskMetrics | None = None,
+) -> ClientResult:
+    """Run one client's local work for one round on ``worker`` and return its upload and state.
+
+    Steps: load ``message["weights"]`` into the worker; ``strategy.on_client_start``; build the
+    local optimizer (``strategy.configure_client_optimizer``) and set its lr to
+    ``lr_0 * lr_decay ** round``; run ``K`` steps of ``optimizer.step(closure)`` where the closure
+    computes :func:`step_loss` (``training_step``'s loss + the strategy's local term), backward, the
+    strategy's and module's ``on_before_optimizer_step`` hooks and optional clipping (closure-based, so
+    SAM-type optimizers can call it twice); collect ``strategy.upload``; evaluate on the local test
+    split if any. Values the module logs with ``self.log`` join the client's metrics.
+    Randomness (batch order, dropout) comes from a stream seeded by ``(seed, round, client_id)``.
+    """
+    device = next(worker.parameters()).device
+    cid = data.client_id
+    with client_rng(config.seed, round, cid, device) as seed:
+        generator = torch.Generator().manual_seed(seed)
+        compile_worker(worker, config.compile_mode(device))
+        ctx = start_client(worker, strategy, message, state, data, round, config, lr=0.0)
+        with worker.local_training(), _dropping(ctx.scratch):
+            strategy.on_client_start(worker, ctx)
+            optimizer = strategy.configure_client_optimizer(worker, ctx)
+            decay = config.lr_decay**round
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * decay
+            ctx.lr = optimizer.param_groups[0]["lr"]
+            _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
+            return client_result(worker, strategy, ctx, message, data, config, precision, eval_metrics)
+
+
+def start_client(
+    worker: ClientModule,
+    strategy: Strategy,
+    message: Payload,
+    state: dict[str, Tensor],
+    data: ClientData,
+    round: int,
+    config: LocalConfig,
+    lr: float,
+) -> ClientContext:
+    """Load ``message["weights"]`` into ``worker`` (train mode) and return the client's context for the
+    round, its state moved to the worker's device."""
+    device = module_device(worker)
+    load_tensors(worker, message.get("weights", {}))
+    state = {k: v.to(device) for k, v in state.items()}
+    worker.train()
+    return ClientContext(
+        data.client_id,
+        round,
+        message,
+        state,
+        data.num_samples,
+        config.num_steps(data),
+        lr,
+        strategy,
+        data=data,
+        seed=config.seed,
+    )
+
+
+def client_seed(seed: int, round: int, client_id: int) -> int:
+    """The seed of a client's RNG stream in ``round`` (its batch order, its default-RNG draws)."""
+    return derive_seed(seed, _CLIENT_STREAM, round, client_id)
+
+
+@contextlib.contextmanager
+def client_rng(seed: int, round: int, client_id: int, device: torch.device) -> Iterator[int]:
+    """The client's RNG stream: the default RNGs (CPU, and ``device`` if CUDA) seeded from
+    ``(seed, round, client_id)`` and restored afterwards; yields the derived seed (for its generator)."""
+    derived = client_seed(seed, round, client_id)
+    fork_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
+        seed_rng(derived, device)
+        yield derived
+
+
+def client_result(
+    worker: ClientModule,
+    strategy: Strategy,
+    ctx: ClientContext,
+    message: Payload,
+    data: ClientData,
+    config: LocalConfig,
+    precision: Any = None,
+    eval_metrics: TaskMetrics | None = None,
+) -> ClientResult:
+    """The end of a client's work after its local steps: upload, metrics, local evaluation
+    (``bytes_down`` counts ``message``, what the server sent, whatever the hooks made of ``ctx.message``)."""
+    upload = strategy.upload(worker, ctx)
+    upload = strategy.process_upload(upload, ctx)  # clipping/noise/compression: bytes_up counts this
+    metrics = worker.train_stats()
+    train_state = worker.train_state()
+    if eval_metrics is not None and data.test_idx.numel() > 0:
+        eval_metrics.reset()
+        evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
+        metrics.update({f"local_{k}": v for k, v in eval_metrics.compute().items()})
+    return ClientResult(
+        ctx.client_id,
+        upload,
+        ctx.state,
+        data.num_samples,
+        metrics,
+        payload_bytes(message),
+        payload_bytes(upload),
+        train_state,
+    )
+
+
+def compile_worker(worker: nn.Module, mode: str | None) -> None:
+    """Compile ``worker``'s network once (``nn.Module.compile``: state-dict names unchanged); no-op if done.
+
+    The forward pass (and with it the backward, through AOTAutograd) of the network the client
+    trains is compiled, not the step: the strategy hooks, closures and optimizer stay eager, so
+    every strategy works unchanged. The worker is reused for every client of the run and weights
+    are loaded into it in place, so the compiled code (and with ``"reduce-overhead"`` its CUDA
+    graphs, recorded for the parameters' fixed addresses) stays valid across clients and rounds.
+    """
+    if mode is None or getattr(worker, "_fl_compile_mode", None) == mode:
+        return
+    net = getattr(worker, "net", worker)
+    net.compile(mode=mode)
+    worker._fl_compile_mode = mode
+
+
+def _local_steps(
+    worker: ClientModule,
+    strategy: Strategy,
+    optimizer: torch.optim.Optimizer,
+    ctx: ClientContext,
+    data: ClientData,
+    config: LocalConfig,
+    precision: Any,
+    generator: torch.Generator,
+) -> None:
+    scaler = getattr(precision, "scaler", None)
+    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for step, batch in enumerate(data.batches(config.batch_size, ctx.num_steps, generator)):
+        ctx.step = step
+        if precision is not None:
+            batch = precision.convert_input(batch)
+
+        def closure(batch: Any = batch, step: int = step) -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            with step_ctx():
+                loss = step_loss(worker, strategy, ctx, batch, step)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            strategy.on_before_optimizer_step(worker, optimizer, ctx)
+            worker.on_before_optimizer_step(optimizer)
+            if config.grad_clip_norm is not None:
+                clip_grads_(params, config.grad_clip_norm)
+            return loss
+
+        if scaler is not None:
+            closure()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            strategy.local_step(worker, optimizer, ctx, batch, closure)
+        strategy.on_after_optimizer_step(worker, optimizer, ctx)
+
+
+def step_loss(worker: nn.Module, strategy: Strategy, ctx: ClientContext, batch: Any, step: int) -> Tensor:
+    """The local objective of one step: ``training_step``'s loss plus ``strategy.local_loss``.
+
+    ``training_step`` returns the loss or a dict with ``"loss"`` and optionally ``"outputs"`` (passed to
+    the strategy, which may reuse the forward; None when the step does not return them).
+    """
+    out = worker.training_step(batch, step)
+    if isinstance(out, Mapping):
+        loss, outputs = out["loss"], out.get("outputs")
+    else:
+        loss, outputs = out, None
+    extra = strategy.local_loss(worker, ctx, batch, outputs)
+    return loss if extra is None else loss + extra
+
+
+@contextlib.contextmanager
+def _dropping(scratch: dict[str, Any]) -> Iterator[None]:
+    """Empty the round's scratch space when the client's work ends, normally or not (hooks that a
+    strategy registered there, such as a :class:`~fl_lightning.functional.representation.FeatureTap`,
+    then know they are stale)."""
+    try:
+        yield
+    finally:
+        scratch.clear()

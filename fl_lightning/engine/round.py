@@ -1,0 +1,482 @@
+"""The federated round, written once.
+
+:class:`Engine` owns everything a round means: the clients it samples, the message each receives, the
+simulated attack, the failure policy, the aggregate, ``process_aggregate``, the server update and the
+server optimizer's step, the round's metrics and the reason to stop. It uses no Lightning API: the clients'
+local work is handed to an executor (:mod:`fl_lightning.engine.executors`: one client at a time,
+vectorised groups, a process group's share, or a Flower grid's SuperNodes) and the adapters above it only
+drive rounds and report what they return: :class:`~fl_lightning.lightning.module.FederatedModule` (a round
+is a Lightning training step: logging, checkpoints, callbacks) and the Flower ServerApp. A policy therefore
+holds the same on every path.
+
+A round, in order::
+
+    sample            strategy.select_clients (seeded by (seed, round)); stop_reason(round) refuses it
+    message           strategy.message(model, client, round), built when its client's work starts
+    local work        the executor: train_client per client (or a vectorised group), anywhere
+    attack            model.attack replaces what a malicious client sends
+    failure policy    a client whose work raised (not a ConfigError) or uploaded non-finite values is
+                      excluded and counted; with tolerate_client_failures=false the run stops;
+                      max_failed_rounds consecutive rounds without any upload stop it too
+    aggregate         strategy.aggregator(): add per accepted upload; combined across processes
+    process_aggregate strategy.process_aggregate(means, info) (e.g. central DP noise)
+    server step       strategy.server_update (pseudo-gradient) -> server optimizer step ->
+                      strategy.on_after_server_step; a round without uploads is skipped
+    round metrics     bytes, time, clients, train metrics (merged by state), strategy.round_metrics()
+    stop reason       strategy.stop_reason(round + 1): the run ends after this round
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fl_lightning.api.client import ClientModule, merge_train_states
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.strategy import own_local_step
+from fl_lightning.api.task import Task
+from fl_lightning.api.types import ClientResult, Payload, RoundInfo, RoundResult, RunSpec
+from fl_lightning.data.federated import ClientData
+from fl_lightning.engine.attack import SimulatedAttack
+from fl_lightning.engine.local import LocalConfig, check_upload
+from fl_lightning.engine.state import ClientStateStore
+from fl_lightning.errors import ConfigError, RunError
+from fl_lightning.functional.sampling import sample_clients
+from fl_lightning.functional.tensor import derive_seed, module_device, payload_bytes
+
+if TYPE_CHECKING:
+    from fl_lightning.api.strategy import Strategy
+    from fl_lightning.engine.executors import Executor
+
+log = logging.getLogger("fl_lightning")
+
+#: Seed stream of the clients sampled for evaluation (``model.eval_fraction``).
+EVAL_STREAM = 0xE7A
+
+
+def checked_selection(ids: list[int], num_clients: int) -> list[int]:
+    """``ids`` sorted, after checking they are distinct client ids in ``0..num_clients-1`` (at least one)."""
+    out = sorted(int(c) for c in ids)
+    if not out or len(set(out)) != len(out) or out[0] < 0 or out[-1] >= num_clients:
+        raise ValueError(f"select_clients must return distinct client ids in [0, {num_clients}), got {ids}")
+    return out
+
+
+def num_sampled(num_clients: int, participation: float, clients_per_round: int | None) -> int:
+    """Clients per round: ``clients_per_round`` if given, else ``max(1, floor(participation * m))``."""
+    if clients_per_round is not None:
+        if not 1 <= clients_per_round <= num_clients:
+            raise ConfigError(
+                f"model.clients_per_round={clients_per_round} must be between 1 and "
+                f"data.num_clients={num_clients}"
+            )
+        return clients_per_round
+    return max(1, math.floor(participation * num_clients + 1e-9))
+
+
+def one_line(err: BaseException) -> str:
+    """``"<Type>: <first line of the message>"`` (just the type for an empty message)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def timed() -> Callable[[], float]:
+    """A stopwatch: call the returned function for the seconds since creation."""
+    start = time.perf_counter()
+    return lambda: time.perf_counter() - start
+
+
+@dataclass
+class EngineConfig:
+    """How rounds run; the fields are :class:`~fl_lightning.lightning.module.FederatedModule`'s arguments of
+    the same names (``model.participation``, ...).
+
+    Attributes:
+        local: The clients' local work (steps, lr decay, clipping, seed, compile, vectorise).
+        participation: Fraction of clients per round in (0, 1].
+        clients_per_round: A fixed count per round (overrides ``participation``).
+        tolerate_client_failures: Exclude (and count) a client whose local work raises or uploads
+            non-finite values instead of stopping the run.
+        max_failed_rounds: Consecutive rounds without any accepted upload after which the run stops.
+        attack: Simulated malicious clients (None: every client is honest).
+        eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.
+    """
+
+    local: LocalConfig
+    participation: float = 1.0
+    clients_per_round: int | None = None
+    tolerate_client_failures: bool = True
+    max_failed_rounds: int = 3
+    attack: SimulatedAttack | None = None
+    eval_fraction: float = 1.0
+
+    @property
+    def seed(self) -> int:
+        """The run seed (``model.seed``, i.e. ``seed_everything``)."""
+        return self.local.seed
+
+
+class ServerStep:
+    """How the engine takes the server optimizer's step (an adapter may count it, e.g. as Lightning's step).
+
+    Args:
+        optimizer: The server optimizer (or a wrapper with ``zero_grad`` and ``step``).
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """Step with the pseudo-gradient ``server_update`` set."""
+        self.optimizer.step()
+
+    def skip(self) -> None:
+        """A round without any upload: weights and optimizer state stay as they are (nothing to do here)."""
+
+
+class RoundListener:
+    """Round events an adapter may report (progress bars, callbacks); every method is optional."""
+
+    def round_start(self, round: int, clients: list[int]) -> None:
+        """Before the sampled clients train."""
+
+    def client_end(self, round: int, index: int, total: int, result: ClientResult | None) -> None:
+        """After the ``index``-th of this process's ``total`` clients (``result`` None: it failed)."""
+
+
+@dataclass
+class RoundOutcome:
+    """What a round returns: its record (also appended to :attr:`Engine.history`), its aggregate and
+    facts, and the reason the run must stop after it ("" to go on)."""
+
+    record: dict[str, Any]
+    result: RoundResult
+    stop_reason: str = ""
+
+
+@dataclass
+class Engine:
+    """The federated round for one global model and strategy, with the clients' state.
+
+    Use: :meth:`setup` once (the federation's clients and task), then :meth:`run_round` per round; the
+    history of round records (:attr:`history`) and the client state store (:attr:`store`) are what a
+    checkpoint keeps besides the model and the server optimizer.
+
+    Attributes:
+        model: The global model (a :class:`~fl_lightning.api.client.ClientModule`).
+        strategy: The federated algorithm.
+        config: How rounds run.
+        store: Every client's persistent state (on the host, spilling to disk past a budget).
+        executor: Runs the clients' local work (chosen by :meth:`setup` unless given there).
+        precision: A Lightning precision plugin for the clients' steps and evaluation (None: fp32).
+        num_rounds: The rounds the run will do (-1: unknown); no stop is announced for the last one.
+    """
+
+    model: ClientModule
+    strategy: Strategy
+    config: EngineConfig
+    store: ClientStateStore = field(default_factory=ClientStateStore)
+    executor: Executor | None = None
+    precision: Any = None
+    num_rounds: int = -1
+    history: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[ClientData] = field(default_factory=list, repr=False)
+    task: Task | None = None
+    num_classes: int = 0
+    _optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
+    _worker: ClientModule | None = field(default=None, repr=False)
+    _local_metrics: TaskMetrics | None = field(default=None, repr=False)
+    notices: set[str] = field(default_factory=set, repr=False)
+
+    # ------------------------------------------------------------------------------------ setup
+    def setup(
+        self,
+        clients: list[ClientData],
+        task: str,
+        num_classes: int,
+        precision: Any = None,
+        executor: Executor | None = None,
+    ) -> None:
+        """Bind the federation and check the configuration against it (one ``ConfigError`` line).
+
+        Validates ``clients_per_round``, sets up the strategy's server state (before a checkpoint is
+        restored into it), runs :meth:`Strategy.check <fl_lightning.api.strategy.Strategy.check>` and
+        chooses the executor: ``executor`` if given, else one client at a time or vectorised groups
+        (``model.vectorize``), each process its share inside a process group.
+        """
+        from fl_lightning.engine.executors import default_executor
+
+        self.clients = clients
+        self.task = Task(task)
+        self.num_classes = int(num_classes)
+        self.precision = precision
+        num_sampled(len(clients), self.config.participation, self.config.clients_per_round)
+        self.strategy.setup(self.model, len(clients))
+        spec = self.spec()
+        owner = own_local_step(self.strategy)
+        if spec.grad_scaler and owner is not None:  # the local loop steps through the scaler instead
+            raise ConfigError(
+                f"model.strategy: {owner} needs its own local step, which trainer.precision=16-mixed "
+                "bypasses (its gradient scaler steps the optimizer); set trainer.precision to bf16-mixed or "
+                "32-true"
+            )
+        self.strategy.check(self.model, spec)
+        if self.config.attack is not None:
+            log.info("model.attack: clients %s are malicious", sorted(self.malicious()))
+        self.executor = executor if executor is not None else default_executor(self)
+
+    def spec(self) -> RunSpec:
+        """What the run is made of, for the strategy's :meth:`check`."""
+        first = self.clients[0]
+        labels = first.y
+        return RunSpec(
+            task=self.task,
+            num_classes=self.num_classes,
+            num_clients=len(self.clients),
+            input_shape=tuple(first.x.shape[1:]),
+            integer_labels=labels.dim() == 1 and not labels.is_floating_point(),
+            grad_scaler=getattr(self.precision, "scaler", None) is not None,
+        )
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def server_optimizer(self) -> torch.optim.Optimizer:
+        """The strategy's server optimizer over the global model's trainable parameters (made once)."""
+        if self._optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self._optimizer = self.strategy.configure_server_optimizer(params)
+        return self._optimizer
+
+    @property
+    def worker(self) -> ClientModule:
+        """The working copy of the model that this process's clients train in turn (on the model's device)."""
+        w = self._worker
+        if w is None or module_device(w) != module_device(self.model):
+            w = copy.deepcopy(self.model).to(module_device(self.model))
+            self._worker = w
+        return w
+
+    def metrics(self) -> TaskMetrics:
+        """Fresh evaluation metrics of the run's task."""
+        assert self.task is not None, "call setup() first"
+        return self.task.metrics(self.num_classes).to(module_device(self.model))
+
+    @property
+    def local_metrics(self) -> TaskMetrics:
+        """The metrics of a client's freshly trained model on its local test split (reset per client)."""
+        if self._local_metrics is None:
+            self._local_metrics = self.metrics()
+        return self._local_metrics
+
+    def notice(self, text: str, key: str | None = None) -> None:
+        """Log ``text`` once per run (or only the first text of ``key``): a run slower than asked."""
+        key = text if key is None else key
+        if key not in self.notices:
+            self.notices.add(key)
+            log.warning(text)
+
+    # ------------------------------------------------------------------------------------ facts
+    def sample(self, round: int) -> list[int]:
+        """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed."""
+        count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
+        chosen = self.strategy.select_clients(self.num_clients, count, round, self.config.seed)
+        return checked_selection(chosen, self.num_clients)
+
+    def malicious(self) -> frozenset[int]:
+        """The clients ``model.attack`` makes malicious (drawn once from the run seed)."""
+        attack = self.config.attack
+        return frozenset() if attack is None else attack.malicious(self.num_clients, self.config.seed)
+
+    def message(self, client_id: int, round: int) -> Payload:
+        """What the server sends ``client_id`` in ``round``."""
+        return self.strategy.message(self.model, client_id, round)
+
+    def eval_sample(self, rounds_done: int) -> list[int] | None:
+        """The clients evaluated during fit after ``rounds_done`` rounds (None: all, ``eval_fraction=1``)."""
+        if self.config.eval_fraction >= 1:
+            return None
+        m = self.num_clients
+        count = num_sampled(m, self.config.eval_fraction, None)
+        return sample_clients(m, count, derive_seed(self.config.seed, EVAL_STREAM), rounds_done)
+
+    # ------------------------------------------------------------------------------------ a round
+    def run_round(
+        self, round: int, step: ServerStep | None = None, listener: RoundListener | None = None
+    ) -> RoundOutcome:
+        """Run round ``round`` (0-based) end to end and record it in :attr:`history`.
+
+        Raises:
+            RunError: The strategy refuses the round (e.g. a spent privacy budget), or
+                ``max_failed_rounds`` consecutive rounds had no accepted upload.
+        """
+        watch = timed()
+        step = step if step is not None else ServerStep(self.server_optimizer())
+        listener = listener if listener is not None else RoundListener()
+        sampled = self.sample(round)
+        reason = self.strategy.stop_reason(round)
+        if reason:  # e.g. resumed past a privacy budget: nothing has run, the checkpoint is untouched
+            raise RunError(f"round {round} cannot run: {reason}")
+        listener.round_start(round, sampled)
+        result = self._train(round, sampled, listener)
+        if result.info.aggregated:
+            step.zero_grad()
+            self.strategy.server_update(self.model, result.means, result.info)
+            step.step()
+            self.strategy.on_after_server_step(self.model, result.means, result.info)
+        else:
+            self._skip(round, result, step)
+        record = self._record(round, result, watch())
+        self.history.append(record)
+        return RoundOutcome(record, result, self._stop_after(round))
+
+    def _train(self, round: int, sampled: list[int], listener: RoundListener) -> RoundResult:
+        """Local work of the sampled clients, the attack, the failure policy and the aggregate."""
+        assert self.executor is not None, "call setup() first"
+        agg = self.strategy.aggregator()
+        result = RoundResult(means={}, info=RoundInfo(round, sampled, [], self.num_clients))
+        device = module_device(self.model)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        malicious = self.malicious()
+        vectorised = self.executor.counts["vectorised"]
+        mine = self.executor.share(self, sampled)
+        for index, (cid, message, outcome) in enumerate(self.executor.train(self, round, mine)):
+            try:
+                res = self._accept(round, cid, message, outcome, cid in malicious)
+            except (ConfigError, RunError):
+                raise  # a configuration the strategy cannot run is never a client failure
+            except Exception as err:
+                if not self.config.tolerate_client_failures:
+                    raise
+                result.error = result.error or f"client {cid}: {one_line(err)}"
+                result.failed.append(cid)
+                result.bytes_down += payload_bytes(message)
+                log.warning("round %d: client %d excluded from the aggregate: %s", round, cid, err)
+                listener.client_end(round, index, len(mine), None)
+                continue
+            agg.add(res.upload, res.num_samples, cid)
+            if res.state is not None:
+                self.store.put(cid, res.state)
+            result.info.aggregated.append(cid)
+            result.client_metrics[cid] = dict(res.metrics, num_samples=res.num_samples)
+            result.train_states[cid] = res.train_state
+            result.bytes_down += res.bytes_down
+            result.bytes_up += res.bytes_up
+            listener.client_end(round, index, len(mine), res)
+        if device.type == "cuda":
+            result.peak_memory_gb = torch.cuda.max_memory_allocated(device) / 2**30
+        result.vectorised = self.executor.counts["vectorised"] - vectorised
+        self.executor.gather(self, agg, result)
+        if not result.info.aggregated:  # every client failed: nothing to aggregate (the round is skipped)
+            return result
+        result.info.weight_totals = agg.weight_totals
+        result.means = self.strategy.process_aggregate(agg.means(), result.info)
+        result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
+        return result
+
+    def _accept(
+        self, round: int, cid: int, message: Payload, outcome: ClientResult | BaseException, malicious: bool
+    ) -> ClientResult:
+        """The client's result after the attack; raises what makes it a failed client."""
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if malicious:  # what a malicious client sends instead (same size: bytes_up holds)
+            assert self.config.attack is not None
+            outcome.upload = self.config.attack.apply(outcome.upload, message)
+        check_upload(cid, round, outcome.upload)
+        return outcome
+
+    def _skip(self, round: int, result: RoundResult, step: ServerStep) -> None:
+        """A round in which every sampled client failed: no server update, but the round counts.
+
+        After ``max_failed_rounds`` consecutive skipped rounds (counted from the history, so it survives a
+        resume) the run stops with one line quoting the first client's error.
+        """
+        limit = self.config.max_failed_rounds
+        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), reversed(self.history)))
+        if failed >= limit:
+            raise RunError(
+                f"round {round}: every sampled client failed for {failed} consecutive rounds "
+                f"(last error: {result.error}); see the warnings above, fix the cause or raise "
+                f"model.max_failed_rounds={limit}"
+            )
+        log.warning(
+            "round %d skipped: every sampled client failed (%s); global model unchanged (%d of "
+            "model.max_failed_rounds=%d consecutive)",
+            round,
+            result.error,
+            failed,
+            limit,
+        )
+        step.skip()
+
+    def _record(self, round: int, result: RoundResult, seconds: float) -> dict[str, Any]:
+        lr = self.config.local.lr_decay**round * float(getattr(self.model, "lr", 0.0))
+        reported = dict(self.strategy.round_metrics())
+        return {
+            "round": round,
+            "clients": len(result.info.sampled),
+            "failed": len(result.failed),
+            "bytes_down": result.bytes_down,
+            "bytes_up": result.bytes_up,
+            "time_s": seconds,
+            "client_lr": lr,
+            "skipped": not result.info.aggregated,
+            **result.train_metrics,
+            **({"strategy": reported} if reported else {}),  # e.g. privacy/epsilon
+            **({} if result.peak_memory_gb is None else {"peak_memory_gb": result.peak_memory_gb}),
+            **({"vectorised_clients": result.vectorised} if self.config.local.vectorize > 1 else {}),
+            "this_run": True,
+        }
+
+    def _stop_after(self, round: int) -> str:
+        """Why the run must end after ``round`` (the strategy refuses the next one), "" to go on."""
+        nxt = round + 1
+        if 0 <= self.num_rounds <= nxt:
+            return ""
+        reason = self.strategy.stop_reason(nxt)
+        if reason:
+            log.warning("stopping after round %d (%d rounds done): %s", round, nxt, reason)
+        return reason
+
+    # ------------------------------------------------------------------------------------ evaluation
+    @torch.inference_mode(False)  # a deployed model may train (FineTune); validate/test infer
+    @torch.no_grad()
+    def evaluate_clients(
+        self, clients: list[int] | None = None
+    ) -> tuple[dict[int, dict[str, float]], TaskMetrics]:
+        """Evaluate the deployed model of ``clients`` (default: every client) on its local test split.
+
+        Returns the per-client metrics and their merge by metric state (``personal/*``), the same on
+        every process.
+        """
+        assert self.executor is not None, "call setup() first"
+        chosen = list(range(self.num_clients)) if clients is None else list(clients)
+        return self.executor.evaluate(self, chosen)
+
+
+__all__ = [
+    "EVAL_STREAM",
+    "Engine",
+    "EngineConfig",
+    "RoundListener",
+    "RoundOutcome",
+    "ServerStep",
+    "checked_selection",
+    "num_sampled",
+    "one_line",
+    "timed",
+]

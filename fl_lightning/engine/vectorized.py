@@ -1,0 +1,524 @@
+"""Vectorised clients: the local steps of several clients of a round as one batched computation.
+
+The :class:`~fl_lightning.engine.executors.Vectorized` executor runs them.
+
+With ``model.vectorize=C`` the round trains up to ``C`` of its clients together on one device (a
+client's local step at the papers' batch sizes is launch-bound on a GPU; ``C`` clients cost about the
+kernel launches of one). A :class:`StackedWorker` holds every parameter as a leaf ``[C, *shape]``; its
+forward is :func:`torch.func.functional_call` of the client network under :func:`torch.func.vmap` over
+the client dim, on the clients' own mini-batches stacked ``[C, B, ...]`` (a shorter batch is padded
+and its padding masked out of the client's mean loss). The loss is the SUM of the clients' losses, so
+one ordinary backward leaves each client's own gradient in its slice of ``.grad``; the strategy's
+hooks (:attr:`~fl_lightning.api.strategy.Strategy.vectorizable`) and the local ``torch.optim``
+optimizer (SGD, Adam, AdamW: elementwise, so per client exact) then run once for the group. On the
+CPU (:data:`VMAP_ON_CPU` off) the forward and backward run one client at a time instead, and only the
+rest of the step is batched.
+
+Each client keeps what makes its result its own: its batches (drawn from its own generator, seeded by
+``(seed, round, client_id)`` exactly as in :func:`~fl_lightning.engine.local.train_client`), its number
+of steps (a client's parameters, state and step-to-step values are taken when its own last step is
+done; the group's later steps do not touch them), its optimizer state, the round's lr, per-client
+gradient clipping and persistent state. Its upload then runs as in the sequential round
+(:func:`finish_client`), on the worker loaded with its trained weights.
+
+With ``model.compile`` the group's forward is compiled (:meth:`StackedWorker.compile_forward`): the
+vmapped :func:`~torch.func.functional_call` over the stacked parameters is one function compiled with
+``torch.compile`` (its forward and, through AOTAutograd, its backward), or on the CPU path the
+per-client forward is; batches are then padded to the full batch size, so a ragged last batch keeps the
+compiled shapes.
+
+What does not vectorise trains one client at a time with one notice per run naming the reason, and
+only for a declared reason: :func:`cannot_vectorize` (strategies that do not declare it, modules whose
+training step is custom, BatchNorm running statistics, dropout (its random draws inside ``vmap`` cannot
+replay the sequential run's) and 16-bit mixed precision's gradient scaler), or an
+:class:`UnvectorizableError` from :func:`train_stacked` (clients that do not share one data tensor, a
+local optimizer that is not elementwise, a strategy's state or scratch that is not stacked). Any other
+error propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
+
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.types import ClientContext, ClientResult
+from fl_lightning.data.federated import ClientData
+from fl_lightning.engine.local import (
+    LocalConfig,
+    _dropping,
+    client_result,
+    client_rng,
+    client_seed,
+    start_client,
+    step_loss,
+)
+from fl_lightning.functional.sharpness import clip_grads_
+from fl_lightning.functional.tensor import Payload, load_tensors, module_device
+
+if TYPE_CHECKING:
+    from fl_lightning.api.strategy import Strategy
+
+log = logging.getLogger(__name__)
+
+#: Local optimizers whose update is elementwise (per client exact on stacked parameters).
+BATCHED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+#: ClientModule methods the stacked worker re-implements; a subclass overriding one falls back.
+_CLIENT_HOOKS = ("forward", "training_step", "task_loss", "configure_optimizers", "on_before_optimizer_step")
+#: Bytes per client of model-size tensors besides the activations: parameters, gradients, optimizer
+#: state (up to 2), stacked message and state entries, the strategy's terms and SAM's saved weights.
+_MODEL_COPIES = 8
+
+
+#: Run the stacked forward under ``vmap`` on the CPU too. Off by default: there a step is compute-bound
+#: (no launches to save), vmap's batched convolutions and pooling work on strided layouts that made a
+#: small CNN's forward and backward about 1.5x slower than one client at a time, and holding every
+#: client's activations at once cost more again; the CPU runs one client's forward and backward at a
+#: time (the same math) and batches the rest of the step (the strategy's terms, clipping, optimizer).
+VMAP_ON_CPU = False
+
+
+class UnvectorizableError(RuntimeError):
+    """A group of clients that cannot be stacked (the round trains them one at a time instead)."""
+
+
+def cannot_vectorize(
+    worker: nn.Module, strategy: Strategy, config: LocalConfig, precision: Any
+) -> str | None:
+    """Why the round's clients cannot be trained vectorised (None: they can); one short clause."""
+    reason = strategy.cannot_vectorize(worker)
+    if reason is not None:
+        return reason
+    if not isinstance(worker, ClientModule):
+        return f"{type(worker).__name__} is not a ClientModule"
+    for hook in _CLIENT_HOOKS:
+        if getattr(type(worker), hook) is not getattr(ClientModule, hook):
+            return f"{type(worker).__name__} overrides {hook}"
+    named = list(worker.named_parameters(remove_duplicate=False))
+    if any(not n.startswith("net.") for n, _ in named):
+        return "the client has parameters outside its net"
+    if len({id(p) for _, p in named}) != len(named):
+        return "the network shares (ties) parameters"
+    for module in worker.modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+            return f"{type(module).__name__} keeps running statistics"
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return "dropout's random draws inside vmap cannot replay the sequential run's"
+    if getattr(precision, "scaler", None) is not None:
+        return "16-bit mixed precision steps through a gradient scaler"
+    return None
+
+
+class StackedWorker(nn.Module):
+    """``size`` copies of a client's network as one module: every parameter a leaf ``[size, *shape]``.
+
+    Parameter names are the worker's (``net.<...>``), so strategies pair them with message and state
+    entries by name as usual. ``forward`` maps inputs ``[size, B, ...]`` to outputs ``[size, B, ...]``
+    (each client's slice through its own parameters); buffers are shared (no running statistics:
+    see :func:`cannot_vectorize`). ``training_step`` takes ``(x, y, weight, count)``: ``weight`` ``[size,
+    B]`` masks padding and ``count`` ``[size]`` is each client's real batch size.
+    """
+
+    def __init__(self, worker: ClientModule, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.net = copy.deepcopy(worker.net)
+        for name, p in list(self.net.named_parameters()):
+            owner, _, attr = name.rpartition(".")
+            stacked = p.detach().unsqueeze(0).repeat(size, *([1] * p.dim()))
+            setattr(self.net.get_submodule(owner), attr, nn.Parameter(stacked, requires_grad=p.requires_grad))
+        self.task = worker.task
+        self.optimizer_name = worker.optimizer_name
+        self.lr = worker.lr
+        self.momentum = worker.momentum
+        self.weight_decay = worker.weight_decay
+        self._train_paused = False  # set by the SAM step around its second pass
+        self._local_logs = None
+        #: ``(step, losses [size], correct [size, B])`` of each tracked training step.
+        self.records: list[tuple[int, Tensor, Tensor]] = []
+        #: The ``torch.compile`` mode of the forward (None: eager); see :meth:`compile_forward`.
+        self.compile_mode: str | None = None
+        self._stacked_fn = self._stacked
+        self._one_fn = self._one
+
+    def _one(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        return torch.func.functional_call(self.net, params, (x,))
+
+    def _stacked(self, x: Tensor) -> Tensor:
+        """Outputs ``[size, B, ...]``: every client's slice of ``x`` through its own slice of the leaves."""
+        return torch.func.vmap(self._one, randomness="error")(dict(self.net.named_parameters()), x)
+
+    def compile_forward(self, mode: str | None) -> None:
+        """Compile the forward with ``torch.compile(mode=mode)`` (None: eager); a no-op if already so.
+
+        Compiled: the vmapped forward :meth:`_stacked` (which reads the stacked leaves from the module,
+        so they are the compiled code's static inputs: with ``"reduce-overhead"`` its CUDA graphs are
+        recorded for their fixed addresses, which the optimizer and the in-place weight loads keep) and,
+        for the CPU path, the per-client forward :meth:`_one`. The compiled callables are kept on the
+        stack and reused by every step, client and round it trains; the batches have one shape
+        (:func:`train_stacked` pads them to the full batch size), so each compiles once, for static
+        shapes (``dynamic=False``: another group size compiles its own code, as CUDA graphs would).
+        """
+        if mode == self.compile_mode:
+            return
+        self.compile_mode = mode
+        if mode is None:
+            self._stacked_fn, self._one_fn = self._stacked, self._one
+        else:
+            self._stacked_fn = torch.compile(self._stacked, mode=mode, dynamic=False)
+            self._one_fn = torch.compile(self._one, mode=mode, dynamic=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.device.type == "cpu" and not VMAP_ON_CPU:  # the same math, one client's forward at a time
+            params = dict(self.net.named_parameters())
+            return torch.stack(
+                [self._one_fn({n: p[k] for n, p in params.items()}, x[k]) for k in range(self.size)]
+            )
+        return self._stacked_fn(x)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return ClientModule.configure_optimizers(self)  # type: ignore[arg-type]
+
+    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """Sum over clients of each client's mean task loss over its real samples.
+
+        Under vmap the outputs ``[size, B, ...]`` are returned for the strategy's ``local_loss``. On the
+        CPU (:data:`VMAP_ON_CPU` off) each client's forward and backward run in turn (so only one client's
+        activations are alive, as in the sequential round) and the loss returned carries the clients'
+        gradients to the stacked parameters (its value is the sum of their losses; no outputs returned).
+        """
+        x, y, weight, count = batch
+        if x.device.type == "cpu" and not VMAP_ON_CPU:
+            loss, losses, outputs = self._client_by_client(x, y, weight, count)
+            result = {"loss": loss}
+        else:
+            outputs = self(x)
+            losses = self._losses(outputs, y, weight, count)
+            result = {"loss": losses.sum(), "outputs": outputs}
+        if not self._train_paused:
+            self.records.append((batch_idx, losses.detach(), self.task.correct(outputs, y)))
+        return result
+
+    def _losses(self, outputs: Tensor, y: Tensor, weight: Tensor, count: Tensor) -> Tensor:
+        """``[size]`` mean task losses over the real samples of outputs ``[size, B, ...]``."""
+        return (self.task.loss(outputs, y, reduction="none") * weight).sum(1) / count
+
+    def _client_by_client(
+        self, x: Tensor, y: Tensor, weight: Tensor, count: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, losses [size], outputs [size, B, ...])`` with one client's forward and backward at a time.
+
+        ``loss`` has the sum of the clients' losses as its value and the clients' gradients ``G_n``
+        (stacked) as its gradient in the stacked parameters ``P_n``.
+        """
+        named = [(n, p) for n, p in self.net.named_parameters()]
+        trainable = [p for _, p in named if p.requires_grad]
+        grads = [torch.zeros_like(p) for p in trainable]
+        found_any = [False] * len(trainable)
+        losses, outputs = [], []
+        for k in range(self.size):
+            leaves = {n: p.detach()[k].requires_grad_(p.requires_grad) for n, p in named}
+            out = self._one_fn(leaves, x[k])
+            loss = self._losses(out[None], y[k][None], weight[k][None], count[k][None])[0]
+            own = [leaves[n] for n, p in named if p.requires_grad]
+            found = torch.autograd.grad(loss, own, allow_unused=True)
+            pairs = [(g[k], f) for g, f in zip(grads, found) if f is not None]
+            if pairs:
+                torch._foreach_copy_([g for g, _ in pairs], [f for _, f in pairs])
+            found_any = [a or f is not None for a, f in zip(found_any, found)]
+            losses.append(loss.detach())
+            outputs.append(out.detach())
+        stacked_losses = torch.stack(losses)
+        used = [i for i, a in enumerate(found_any) if a]  # a parameter outside the loss keeps grad None
+        params, grads = [trainable[i] for i in used], [grads[i] for i in used]
+        total = _WithGrads.apply(stacked_losses.sum(), grads, *params) if params else stacked_losses.sum()
+        return total, stacked_losses, torch.stack(outputs)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Nothing (ClientModule's hook is Lightning's no-op; overriding it falls back)."""
+
+
+class _WithGrads(torch.autograd.Function):
+    """The value ``value`` whose gradient in ``params`` is ``grads`` (computed already), times the
+    incoming gradient: one multi-tensor multiply in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, grads: list[Tensor], *params: Tensor) -> Tensor:
+        ctx.grads = grads
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, out: Tensor) -> tuple[Tensor | None, ...]:
+        return (None, None, *torch._foreach_mul(ctx.grads, out))
+
+
+@dataclass
+class Trained:
+    """One client's values at the end of its own local steps in a vectorised group."""
+
+    params: dict[str, Tensor]
+    state: dict[str, Tensor]
+    scratch: dict[str, Any]
+    records: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    lr: float = 0.0
+
+
+def train_stacked(
+    stack: StackedWorker,
+    strategy: Strategy,
+    messages: list[Payload],
+    states: list[dict[str, Tensor]],
+    datas: list[ClientData],
+    round: int,
+    config: LocalConfig,
+    precision: Any = None,
+) -> list[Trained]:
+    """The local steps of ``len(datas)`` clients as one computation on ``stack``; each client's result.
+
+    Raises :class:`UnvectorizableError` for a declared reason before any client's result is used (the
+    executor then trains the group one client at a time, with a notice naming the reason); any other error
+    propagates.
+    """
+    size = len(datas)
+    if stack.size != size:
+        raise ValueError(f"a stack of {stack.size} cannot train {size} clients")
+    device = module_device(stack)
+    x_all, y_all = datas[0].x, datas[0].y
+    if any(d.x is not x_all or d.y is not y_all for d in datas):
+        raise UnvectorizableError("the clients do not index one shared data tensor")
+    steps = [config.num_steps(d) for d in datas]
+    ctx = ClientContext(
+        -1,
+        round,
+        stack_payloads(messages),
+        stack_states(states, device),
+        sum(d.num_samples for d in datas),
+        max(steps),
+        0.0,
+        strategy,
+        seed=config.seed,
+        stacked=size,
+    )
+    mode = config.compile_mode(device)
+    stack.compile_forward(mode)
+    width = config.batch_size if mode is not None else 0  # compiled: one batch shape for every step
+    stack.train()
+    stack.records.clear()
+    load_tensors(stack, ctx.message.get("weights", {}))
+    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
+    trained: list[Trained | None] = [None] * size
+    with _dropping(ctx.scratch):
+        strategy.on_client_start(stack, ctx)
+        optimizer = strategy.configure_client_optimizer(stack, ctx)
+        if type(optimizer) not in BATCHED_OPTIMIZERS:
+            raise UnvectorizableError(f"the local optimizer {type(optimizer).__name__} is not elementwise")
+        decay = config.lr_decay**round
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * decay
+        ctx.lr = optimizer.param_groups[0]["lr"]
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        generators = [
+            torch.Generator().manual_seed(client_seed(config.seed, round, d.client_id)) for d in datas
+        ]
+        streams = [d.batch_indices(config.batch_size, n, g) for d, n, g in zip(datas, steps, generators)]
+        none = torch.zeros(0, dtype=torch.long, device=x_all.device)
+        counts_by_step: list[list[int]] = []
+        for step in range(max(steps)):
+            ctx.step = step
+            idx = [next(s) if step < n else none for s, n in zip(streams, steps)]
+            counts = [int(i.numel()) for i in idx]
+            counts_by_step.append(counts)
+            batch = _stacked_batch(idx, counts, x_all, y_all, precision, width)
+
+            def closure(batch: Any = batch, step: int = step) -> Tensor:
+                optimizer.zero_grad(set_to_none=True)
+                with step_ctx():
+                    loss = step_loss(stack, strategy, ctx, batch, step)
+                loss.backward()
+                strategy.on_before_optimizer_step(stack, optimizer, ctx)
+                if config.grad_clip_norm is not None:
+                    clip_grads_(params, config.grad_clip_norm, stacked=True)
+                return loss
+
+            strategy.local_step(stack, optimizer, ctx, batch, closure)
+            strategy.on_after_optimizer_step(stack, optimizer, ctx)
+            for k, n in enumerate(steps):
+                if n == step + 1:
+                    trained[k] = _take(stack, strategy, ctx, k, n, counts_by_step)
+    if any(t is None for t in trained):
+        raise UnvectorizableError("a client of the group ran no local step")
+    return [t for t in trained if t is not None]
+
+
+def _stacked_batch(
+    idx: list[Tensor], counts: list[int], x_all: Tensor, y_all: Tensor, precision: Any, width: int = 0
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(x, y, weight, count)``: the clients' batches gathered with one indexing, padded to the longest
+    or to ``width`` samples if more."""
+    padded = pad_sequence(idx, batch_first=True)  # padding indexes row 0, masked out by ``weight``
+    if padded.shape[1] < width:
+        padded = F.pad(padded, (0, width - padded.shape[1]))
+    count = torch.tensor(counts, dtype=torch.float32).to(padded.device, non_blocking=True)
+    weight = (torch.arange(padded.shape[1], device=padded.device) < count[:, None]).float()
+    x, y = x_all[padded], y_all[padded]
+    if precision is not None:
+        x, y = precision.convert_input((x, y))
+    return x, y, weight, count.clamp(min=1)
+
+
+def _take(
+    stack: StackedWorker, strategy: Strategy, ctx: ClientContext, k: int, steps: int, counts: list[list[int]]
+) -> Trained:
+    """Client ``k``'s parameters, state, step-to-step values and train records after its last step."""
+    size = stack.size
+    params = {n: p.detach()[k].clone() for n, p in stack.named_parameters()}
+    state = {}
+    for key, t in ctx.state.items():
+        if t.dim() == 0 or t.shape[0] != size:
+            raise UnvectorizableError(f"ctx.state[{key!r}] is not stacked over the clients")
+        state[key] = t[k].clone()
+    scratch = {
+        key: _slice(ctx.scratch[key], k, size) for key in strategy.vector_scratch if key in ctx.scratch
+    }
+    records = [(loss[k], correct[k, : counts[s][k]]) for s, loss, correct in stack.records if s < steps]
+    return Trained(params, state, scratch, records, ctx.lr)
+
+
+def _slice(value: Any, k: int, size: int) -> Any:
+    if isinstance(value, Tensor):
+        if value.dim() == 0 or value.shape[0] != size:
+            raise UnvectorizableError("a vector_scratch tensor is not stacked over the clients")
+        return value.detach()[k].clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_slice(v, k, size) for v in value)
+    if isinstance(value, dict):
+        return {key: _slice(v, k, size) for key, v in value.items()}
+    return copy.copy(value)
+
+
+def stack_payloads(payloads: list[Payload]) -> Payload:
+    """The clients' messages as one: an entry that is the same tensor for every client stays shared
+    (unstacked, it broadcasts), the others are stacked along a new dim 0."""
+    first = payloads[0]
+    if any(set(p) != set(first) or any(set(p[g]) != set(first[g]) for g in first) for p in payloads):
+        raise UnvectorizableError("the clients' messages have different entries")
+    out: Payload = {}
+    for group, entries in first.items():
+        out[group] = {}
+        for name, t in entries.items():
+            ts = [p[group][name] for p in payloads]
+            out[group][name] = t if all(_same(t, u) for u in ts[1:]) else torch.stack(ts)
+    return out
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a is b or (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
+
+
+def stack_states(states: list[dict[str, Tensor]], device: torch.device) -> dict[str, Tensor]:
+    """The clients' states stacked along dim 0 on ``device``; an entry a client lacks is zeros."""
+    keys = list(dict.fromkeys(k for s in states for k in s))
+    out = {}
+    for key in keys:
+        like = next(s[key] for s in states if key in s)
+        ts = [s[key] if key in s else torch.zeros_like(like) for s in states]
+        if any(t.shape != like.shape for t in ts):
+            raise UnvectorizableError(f"ctx.state[{key!r}] has different shapes across the clients")
+        out[key] = torch.stack([t.to(device) for t in ts])
+    return out
+
+
+def finish_client(
+    worker: ClientModule,
+    strategy: Strategy,
+    message: Payload,
+    state: dict[str, Tensor],
+    data: ClientData,
+    trained: Trained,
+    round: int,
+    config: LocalConfig,
+    precision: Any = None,
+    eval_metrics: TaskMetrics | None = None,
+) -> ClientResult:
+    """A vectorised client's upload, metrics and evaluation, as :func:`train_client` ends its work.
+
+    ``strategy.on_client_start`` runs on ``worker`` with the client's message and state at the start of
+    the round (so its aligned lists point at the worker); then the worker gets the trained weights, the
+    context the final state entries and ``vector_scratch`` values, and ``upload``/``process_upload`` run
+    in the client's RNG stream.
+    """
+    device = module_device(worker)
+    with client_rng(config.seed, round, data.client_id, device):
+        ctx = start_client(worker, strategy, message, state, data, round, config, trained.lr)
+        num_steps = ctx.num_steps
+        with worker.local_training(), _dropping(ctx.scratch):
+            strategy.on_client_start(worker, ctx)
+            ctx.lr, ctx.step = trained.lr, num_steps - 1
+            load_tensors(worker, trained.params)
+            ctx.state.update(trained.state)
+            ctx.scratch.update(trained.scratch)
+            worker._train_batches.extend(trained.records)
+            return client_result(worker, strategy, ctx, message, data, config, precision, eval_metrics)
+
+
+def client_bytes(worker: ClientModule, data: ClientData, batch_size: int) -> int:
+    """An estimate of the device memory one more client adds to a vectorised group, in bytes.
+
+    ``8`` model-size copies (parameters, gradients, optimizer state, stacked message and state entries,
+    the strategy's terms) plus twice the tensors one forward on a full batch saves for backward
+    (measured with ``saved_tensors_hooks`` on one batch of the client's data).
+    """
+    model = sum(p.numel() * p.element_size() for p in worker.parameters())
+    saved = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    device = module_device(worker)
+    idx = data.train_idx[:batch_size].to(data.x.device)
+    x, y = data.x[idx].to(device), data.y[idx].to(device)
+    was = worker.training
+    worker.train()
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        worker.task_loss(worker(x), y)
+    worker.train(was)
+    return _MODEL_COPIES * model + 2 * saved
+
+
+def group_size(
+    requested: int, worker: ClientModule, data: ClientData, batch_size: int, budget_gb: float | None
+) -> tuple[int, str]:
+    """Clients per vectorised group: ``requested``, bounded by the memory budget; and a note on why.
+
+    The budget is ``budget_gb`` (GiB) if given, else 80% of the free memory of a CUDA device (none on
+    the CPU).
+    """
+    device = module_device(worker)
+    budget = None
+    if budget_gb is not None:
+        budget = budget_gb * 2**30
+    elif device.type == "cuda":
+        budget = 0.8 * torch.cuda.mem_get_info(device)[0]
+    if budget is None:
+        return requested, "no memory budget on the CPU"
+    each = client_bytes(worker, data, batch_size)
+    fits = max(1, int(budget // each))
+    note = f"about {each / 2**20:.0f} MiB per client, budget {budget / 2**30:.1f} GiB"
+    return min(requested, fits), note

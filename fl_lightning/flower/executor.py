@@ -1,0 +1,181 @@
+"""The engine's executor over Flower's grid: the clients' local work runs on SuperNodes.
+
+The round stays the :class:`~fl_lightning.engine.round.Engine`'s (sampling, messages, attack, failure
+policy, aggregation, server step, DP accounting, stop reasons); this executor only carries a round's
+messages to the nodes of its clients (one ``train`` message each, sent together, so the nodes work in
+parallel) and turns the replies into the :class:`~fl_lightning.api.types.ClientResult` the engine's
+policies see: an error reply, or no reply within ``timeout``, is that client's failure. The evaluation of
+the clients' deployed models goes the same way (``evaluate`` messages; the replies carry metric states,
+merged on the server). Nodes are matched to client ids by their ``partition-id`` (asked once with
+``query`` messages).
+
+A client's persistent state (SCAFFOLD's ``c_i``, personal layers) stays on its node, in the node's
+``context.state``; the node keeps the new state only when its upload passes the client-side check
+(:func:`~fl_lightning.engine.local.check_upload`), as the engine keeps it only for accepted clients.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.types import ClientResult, Payload
+from fl_lightning.engine.executors import Evaluation, Executor, Outcome
+from fl_lightning.errors import ConfigError, RunError
+from fl_lightning.flower.records import (
+    CONFIG,
+    EVAL_STATE,
+    METRICS,
+    NUM_EXAMPLES,
+    TRAIN_STATE,
+    payload_to_records,
+    record_to_tensors,
+    record_to_train_state,
+    records_to_payload,
+)
+from fl_lightning.functional.tensor import module_device, shared_state
+
+if TYPE_CHECKING:
+    from fl_lightning.engine.round import Engine
+
+#: Keys of a node's ``node_config`` (``flower-supernode --node-config``; set by the simulation).
+PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
+
+
+class ClientFailedError(RuntimeError):
+    """A client's node replied with an error, or did not reply in time."""
+
+
+class FlowerExecutor(Executor):
+    """Runs the engine's client work on the SuperNodes of a Flower ``Grid``.
+
+    Args:
+        grid: The grid of the ServerApp (``main(grid, context)``).
+        wait_for_nodes: Seconds to wait for a node of every partition before giving up.
+        timeout: Seconds to wait for a round's replies (None: Flower's default, no limit).
+    """
+
+    def __init__(self, grid: Grid, wait_for_nodes: float = 600.0, timeout: float | None = None) -> None:
+        super().__init__()
+        self.grid = grid
+        self.wait_for_nodes = wait_for_nodes
+        self.timeout = timeout
+        self.nodes: dict[int, int] = {}  # fl_lightning client id -> Flower node id
+
+    # ------------------------------------------------------------------------------ nodes
+    def discover(self, num_clients: int) -> None:
+        """Learn the partition id of every node until each client id has one (``query`` messages)."""
+        deadline = time.monotonic() + self.wait_for_nodes
+        asked: set[int] = set(self.nodes.values())
+        while len(self.nodes) < num_clients:
+            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            if new:
+                query = RecordDict({CONFIG: ConfigRecord({"ask": PARTITION_ID})})
+                messages = [Message(query, dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+                for reply in self.grid.send_and_receive(messages, timeout=self.wait_for_nodes):
+                    node = reply.metadata.src_node_id
+                    if reply.has_error():
+                        raise ConfigError(f"flower: node {node} cannot run the client: {reply.error.reason}")
+                    asked.add(node)
+                    pid = int(reply.content.config_records[CONFIG][PARTITION_ID])
+                    if pid in self.nodes:
+                        raise ConfigError(
+                            f"flower: nodes {self.nodes[pid]} and {node} both hold {PARTITION_ID}={pid}; "
+                            "give every SuperNode its own --node-config partition-id"
+                        )
+                    self.nodes[pid] = node
+                continue
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(num_clients)) - set(self.nodes))
+                raise ConfigError(
+                    f"flower: no node with {PARTITION_ID} in {missing} after {self.wait_for_nodes:.0f} s; "
+                    f"start one SuperNode per client (data.num_clients={num_clients})"
+                )
+            time.sleep(0.5)
+
+    def _send(
+        self, engine: Engine, kind: str, round: int, payloads: dict[int, Payload]
+    ) -> dict[int, Message | str]:
+        """Send each client its payload; its reply, or why there is none, by client id."""
+        self.discover(engine.num_clients)
+        messages = []
+        for cid, payload in payloads.items():
+            content = RecordDict(
+                {**payload_to_records(payload), CONFIG: ConfigRecord({"round": round, "client-id": cid})}
+            )
+            messages.append(
+                Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round))
+            )
+        node_to_client = {n: c for c, n in self.nodes.items()}
+        replies: dict[int, Message | str] = {cid: "no reply" for cid in payloads}
+        received: Iterable[Message] = self.grid.send_and_receive(messages, timeout=self.timeout)
+        for reply in received:
+            cid = node_to_client.get(reply.metadata.src_node_id, -1)
+            if cid in replies:
+                replies[cid] = reply.error.reason if reply.has_error() else reply
+        return replies
+
+    # ------------------------------------------------------------------------------ train
+    def train(self, engine: Engine, round: int, clients: list[int]) -> Iterator[Outcome]:
+        messages = {cid: engine.message(cid, round) for cid in clients}
+        replies = self._send(engine, MessageType.TRAIN, round, messages)
+        device = module_device(engine.model)
+        for cid in clients:
+            reply = replies[cid]
+            if isinstance(reply, str):
+                yield cid, messages[cid], ClientFailedError(f"client {cid} (node {self.nodes[cid]}): {reply}")
+                continue
+            content = reply.content
+            metrics = dict(content.metric_records[METRICS])
+            num_samples = int(metrics.pop(NUM_EXAMPLES))
+            bytes_down, bytes_up = int(metrics.pop("bytes_down")), int(metrics.pop("bytes_up"))
+            train_state = (
+                record_to_train_state(content.array_records[TRAIN_STATE])
+                if TRAIN_STATE in content.array_records
+                else {}
+            )
+            result = ClientResult(
+                cid,
+                records_to_payload(content, device),
+                None,  # the state stays on the node
+                num_samples,
+                {k: float(v) for k, v in metrics.items()},
+                bytes_down,
+                bytes_up,
+                train_state,
+            )
+            self.counts["sequential"] += 1
+            yield cid, messages[cid], result
+
+    # ------------------------------------------------------------------------------ evaluate
+    def evaluate(self, engine: Engine, clients: list[int]) -> Evaluation:
+        personal = engine.strategy.personal_names(engine.model)
+        weights = {"weights": shared_state(engine.model, exclude=personal)}
+        replies = self._send(engine, MessageType.EVALUATE, -1, dict.fromkeys(clients, weights))
+        merged = engine.metrics()
+        per: dict[int, dict[str, float]] = {}
+        assert engine.task is not None
+        for cid in clients:
+            reply = replies[cid]
+            if isinstance(reply, str):
+                node = self.nodes[cid]
+                raise RunError(f"flower: client {cid} (node {node}) could not be evaluated: {reply}")
+            tensors = record_to_tensors(reply.content.array_records[EVAL_STATE])
+            metrics = TaskMetrics.from_state_tensors(engine.task, engine.num_classes, tensors)
+            per[cid] = metrics.compute()
+            merged.merge(metrics)
+        return per, merged
+
+
+def node_answer(pid: int, num_clients: int, msg: Message) -> Message:
+    """A node's reply to a ``query``: which partition (client id) it holds."""
+    reply = ConfigRecord({PARTITION_ID: pid, NUM_PARTITIONS: num_clients})
+    return Message(RecordDict({CONFIG: reply}), reply_to=msg)
+
+
+__all__ = ["NUM_PARTITIONS", "PARTITION_ID", "ClientFailedError", "FlowerExecutor", "node_answer"]

@@ -1,0 +1,627 @@
+"""The server: a LightningModule whose training step is one federated round."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Literal
+
+import torch
+from jsonargparse import lazy_instance
+from lightning.pytorch import LightningModule
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_only
+from torch import Tensor
+
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.collectives import all_gather_objects, is_distributed
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.strategy import Strategy
+from fl_lightning.api.task import Task
+from fl_lightning.api.types import ClientResult, RoundResult
+from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.data.datasets import is_synthetic
+from fl_lightning.data.federated import FederatedDataModule
+from fl_lightning.data.viz import counts_markdown, partition_heatmap
+from fl_lightning.engine.attack import SimulatedAttack, as_attack
+from fl_lightning.engine.executors import Executor
+from fl_lightning.engine.local import LocalConfig, cpu_threads
+from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
+from fl_lightning.engine.state import ClientStateStore
+from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.functional.tensor import to_device
+from fl_lightning.lightning.checkpoint import check_resume, hyperparameters
+from fl_lightning.lightning.loggers import RoundStepLogger
+from fl_lightning.strategies.fedavg import FedAvg
+
+log = logging.getLogger("fl_lightning")
+
+#: Prefix of the per-client scalars, ``z_client/<id>/<metric>``: TensorBoard orders tag groups by name,
+#: and the ``z`` puts the many per-client cards after the run-level groups (``global``, ``personal``,
+#: ``round``, ``test``, ``train``) instead of first. Plain characters, valid for every Lightning logger.
+CLIENT_PREFIX = "z_client"
+
+_DEFAULT_CLIENT = lazy_instance(ClientModule)
+_DEFAULT_STRATEGY = lazy_instance(FedAvg)
+
+
+class FederatedModule(LightningModule):
+    """Federated training as a LightningModule: one training step is one round.
+
+    A thin adapter over the round :class:`~fl_lightning.engine.round.Engine` (``self.engine``), which owns
+    what a round means; this module maps it onto Lightning: a round is a training step, its record is
+    logged, the federated callback hooks are called, validation evaluates the global model, and the
+    engine's client states and history go into the checkpoint.
+
+    The global model is ``self.client`` (a :class:`~fl_lightning.api.client.ClientModule`); its
+    parameters are those of the server optimizer, which the strategy provides and which is stepped
+    once per round with the pseudo-gradient ``w - mean_k(w_k)`` (FedOpt framing). So
+    ``trainer.max_steps`` is the number of rounds, ``trainer.global_step`` is the number of rounds
+    done, validation after each round evaluates the global model on the global test set
+    (``global/*``), and ModelCheckpoint, EarlyStopping and LearningRateMonitor work per round.
+
+    Args:
+        client: The client LightningModule: network, task loss, local optimizer.
+        strategy: The federated algorithm (FedAvg, FedProx, ...).
+        attack: Simulated malicious clients (null: none), e.g. ``{kind: sign_flip, fraction: 0.2,
+            scale: 1.0}``: ``round(fraction * num_clients)`` clients, drawn from the run seed, send
+            ``w^t - scale * Delta_k`` (``sign_flip``) or ``w^t + scale * Delta_k`` (``scale``) instead of
+            their update ``Delta_k``. Works with any strategy; test a defence with ``model.strategy``
+            Median, TrimmedMean, Krum or NormBounded.
+        participation: Fraction of clients sampled per round, in (0, 1].
+        clients_per_round: A fixed number of clients per round (overrides ``participation``).
+        local_epochs: Local passes over the client's data per round (ignored if ``local_steps``).
+        local_steps: Local optimizer steps per round (``K``); None to use ``local_epochs``.
+        lr_decay: Per-round decay of the local learning rate: ``lr_t = lr * lr_decay ** t``.
+        grad_clip_norm: Clip each local step's gradient to this global norm (None: no clipping).
+        eval_clients_every: Evaluate every client's deployed model on its local test split every
+            this many rounds (``z_client/<id>/*`` and ``personal/*``); 0: only at the end of fit.
+        eval_fraction: Fraction of clients evaluated by those evaluations during fit, in (0, 1]:
+            ``max(1, floor(eval_fraction * m))`` clients drawn by a generator seeded from
+            ``(seed, round)``, ``personal/*`` merged over them. The evaluation at the end of fit, and
+            ``validate``/``test``, evaluate every client.
+        tolerate_client_failures: Exclude (and count) a client whose local training raises or
+            returns non-finite values instead of stopping the run.
+        max_failed_rounds: With ``tolerate_client_failures``, a round in which every sampled client
+            failed is skipped (global model and server optimizer unchanged, ``round/failed_clients``
+            logged, a warning); this many consecutive skipped rounds stop the run with a
+            :class:`~fl_lightning.errors.RunError` that quotes the first client's error.
+        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). On
+            the command line it is ``seed_everything`` (linked; not a separate option).
+        state_memory_mb: Memory budget of the per-client state store in MiB; states of the least
+            recently trained clients beyond it are kept on disk (None: all in memory).
+        state_dir: Folder for spilled client states (default: a temporary folder).
+        threads_per_process: Intra-op threads of each CPU process. None sets 1 when several CPU
+            processes share the machine (``--trainer.devices N`` on CPU) or when the model is small
+            (fewer than 1M parameters: with two threads the zero-config run's rounds took 9x longer
+            than with one while other work kept the cores busy, and were 13% shorter on an idle
+            machine), and leaves torch's default otherwise. See benchmarks/scaling.py.
+        compile: Compile the clients' network with ``torch.compile`` (once per run; the strategy
+            hooks and the optimizer stay eager). ``true``: mode ``reduce-overhead`` on a GPU (CUDA
+            graphs, for the launch-bound small-batch steps of federated clients) and ``default`` on
+            CPU; or a mode name. Results equal eager training within float tolerance. With
+            ``vectorize`` > 1 the vectorised group's forward (vmap over the stacked parameters) is
+            compiled instead.
+        vectorize: Train up to this many of a round's clients together as one batched computation
+            (``torch.func.vmap`` over stacked parameters; each process its own share under DDP): the
+            same results as one at a time within float tolerance, faster where a client's small-batch
+            step is launch-bound (GPUs). 1 (default): one client at a time. Strategies
+            or models that cannot be vectorised (see README, "Vectorised clients") train one at a time
+            with a one-line notice.
+        vectorize_memory_gb: Device memory budget in GiB of a vectorised group; the group size is
+            ``vectorize`` or fewer clients to fit (an estimate from the model size and one forward's
+            saved activations). None: 80% of the free memory of a CUDA device, no bound on the CPU.
+    """
+
+    def __init__(
+        self,
+        client: ClientModule = _DEFAULT_CLIENT,
+        strategy: Strategy = _DEFAULT_STRATEGY,
+        attack: SimulatedAttack | None = None,
+        participation: float = 1.0,
+        clients_per_round: int | None = None,
+        local_epochs: int = 2,
+        local_steps: int | None = None,
+        lr_decay: float = 1.0,
+        grad_clip_norm: float | None = None,
+        eval_clients_every: int = 1,
+        eval_fraction: float = 1.0,
+        tolerate_client_failures: bool = True,
+        max_failed_rounds: int = 3,
+        seed: int = 0,
+        state_memory_mb: float | None = None,
+        state_dir: str | None = None,
+        threads_per_process: int | None = None,
+        compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
+        vectorize: int = 1,
+        vectorize_memory_gb: float | None = None,
+    ) -> None:
+        super().__init__()
+        check_number(
+            participation,
+            "model.participation",
+            low=0,
+            high=1,
+            low_open=True,
+            hint="e.g. 0.1 samples 10% of clients",
+        )
+        if local_steps is None and local_epochs < 1:
+            raise ConfigError(f"model.local_epochs={local_epochs} must be >= 1 (or set model.local_steps)")
+        if local_steps is not None and local_steps < 1:
+            raise ConfigError(f"model.local_steps={local_steps} must be >= 1")
+        check_number(
+            lr_decay, "model.lr_decay", low=0, high=1, low_open=True, hint="the papers use 0.998 per round"
+        )
+        if grad_clip_norm is not None:
+            check_number(
+                grad_clip_norm, "model.grad_clip_norm", low=0, low_open=True, hint="or null: no clipping"
+            )
+        check_number(seed, "model.seed", low=0, hint="e.g. 0")
+        if max_failed_rounds < 1:
+            raise ConfigError(f"model.max_failed_rounds={max_failed_rounds} must be >= 1 (default 3)")
+        if state_memory_mb is not None:
+            check_number(state_memory_mb, "model.state_memory_mb", low=0, hint="or null for no limit")
+        if threads_per_process is not None and threads_per_process < 1:
+            raise ConfigError(f"model.threads_per_process={threads_per_process} must be >= 1 (or null)")
+        if compile not in (False, True, "default", "reduce-overhead", "max-autotune"):
+            raise ConfigError(
+                f"model.compile={compile!r} must be true, false or a torch.compile mode "
+                "(default, reduce-overhead, max-autotune)"
+            )
+        if isinstance(vectorize, bool) or not isinstance(vectorize, int) or vectorize < 1:
+            raise ConfigError(
+                f"model.vectorize={vectorize!r} must be an integer >= 1 (1: one client at a time)"
+            )
+        if vectorize_memory_gb is not None:
+            check_number(
+                vectorize_memory_gb,
+                "model.vectorize_memory_gb",
+                low=0,
+                low_open=True,
+                hint="or null: automatic",
+            )
+        if eval_clients_every < 0:
+            raise ConfigError(f"model.eval_clients_every={eval_clients_every} must be >= 0")
+        check_number(
+            eval_fraction, "model.eval_fraction", low=0, high=1, low_open=True, hint="e.g. 0.1 evaluates 10%"
+        )
+        attack = as_attack(attack)
+        # The CLI builds fresh objects from the config; from Python the defaults are shared objects,
+        # so give each module its own.
+        self.client = ClientModule() if client is _DEFAULT_CLIENT else client
+        self.strategy = FedAvg() if strategy is _DEFAULT_STRATEGY else strategy
+        self.automatic_optimization = False
+        self.eval_clients_every = eval_clients_every
+        self.seed = seed
+        self.threads_per_process = threads_per_process
+        local = LocalConfig(
+            batch_size=0,  # the data module's, set in setup
+            local_epochs=local_epochs,
+            local_steps=local_steps,
+            lr_decay=lr_decay,
+            grad_clip_norm=grad_clip_norm,
+            seed=seed,
+            compile=compile,
+            vectorize=vectorize,
+            vectorize_memory_gb=vectorize_memory_gb,
+        )
+        config = EngineConfig(
+            local,
+            participation=participation,
+            clients_per_round=clients_per_round,
+            tolerate_client_failures=tolerate_client_failures,
+            max_failed_rounds=max_failed_rounds,
+            attack=attack,
+            eval_fraction=eval_fraction,
+        )
+        budget = None if state_memory_mb is None else int(state_memory_mb * 2**20)
+        self.engine = Engine(self.client, self.strategy, config, ClientStateStore(budget, state_dir))
+        self.client_eval: dict[int, dict[str, float]] = {}
+        self._client_eval_round = -1
+        self._checkpoint_rounds = 0
+        self._executor: Executor | None = None
+        self.global_metrics: TaskMetrics | None = None
+
+    # ------------------------------------------------------------------------------ wiring
+    @property
+    def datamodule(self) -> FederatedDataModule:
+        dm = getattr(self.trainer, "datamodule", None)
+        if not isinstance(dm, FederatedDataModule):
+            raise ConfigError("data must be a fl_lightning FederatedDataModule (set `data:` in the config)")
+        return dm
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The record of every round done (the engine's; part of the checkpoint)."""
+        return self.engine.history
+
+    @property
+    def store(self) -> ClientStateStore:
+        """Every client's persistent state (the engine's; part of the checkpoint)."""
+        return self.engine.store
+
+    @property
+    def worker(self) -> ClientModule:
+        """The working copy trained for each client in turn (not part of the checkpoint)."""
+        return self.engine.worker
+
+    def use_executor(self, executor: Executor) -> None:
+        """Run the clients' local work with ``executor`` (e.g. Flower's SuperNodes) instead of in-process.
+
+        Call before ``trainer.fit``; the round itself (sampling, policies, aggregation) stays the engine's.
+        """
+        self._executor = executor
+
+    def configure_callbacks(self) -> list:
+        """No callbacks; refuses the Trainer options a federated round cannot honour (see below).
+
+        Lightning calls this hook before it checks its own configuration, so the error here names
+        the federated equivalent instead of Lightning's "not supported for manual optimization".
+        """
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            check_trainer_options(self.trainer)
+        return []
+
+    def setup(self, stage: str) -> None:
+        if self.global_metrics is not None:
+            return
+        if self.trainer.strategy.root_device.type == "cpu":
+            threads = cpu_threads(self.client, self.threads_per_process, self.trainer.num_devices)
+            if threads is not None:
+                torch.set_num_threads(threads)
+        dm = self.datamodule
+        dm.setup(stage)
+        self._check_model(dm)
+        local = self.engine.config.local
+        local.batch_size, local.eval_batch_size = dm.batch_size, dm.eval_batch_size
+        self.engine.model, self.engine.strategy = self.client, self.strategy  # as set on the module now
+        self.engine.setup(dm.clients, dm.task, dm.num_classes, self.trainer.precision_plugin, self._executor)
+        self.global_metrics = Task(dm.task).metrics(dm.num_classes)
+
+    def _check_model(self, dm: FederatedDataModule) -> None:
+        synthetic = is_synthetic(dm.dataset)  # generated data: the fix is on the data side
+        if self.client.task != dm.task:
+            fix = (
+                f"set data.synthetic.multilabel={str(self.client.task == 'multilabel').lower()}"
+                if synthetic
+                else f"set model.client.init_args.task={dm.task}"
+            )
+            raise ConfigError(
+                f"model.client.task={self.client.task!r} but data.dataset={dm.dataset!r} is {dm.task}; {fix}"
+            )
+        x = dm.splits.train_x[:2].to(self.device)
+        try:
+            with torch.no_grad():
+                was = self.client.training
+                out = self.client.eval()(x)
+                self.client.train(was)
+        except RuntimeError as err:
+            msg = str(err).splitlines()[0]
+            fix = (
+                "set data.synthetic.shape (or data.dataset=synthetic:<the config's dataset>)"
+                if synthetic
+                else "set its in_channels/input size to match"
+            )
+            raise ConfigError(
+                f"model.client.net cannot take data.dataset={dm.dataset!r} inputs of shape "
+                f"{tuple(x.shape[1:])} "
+                f"({msg}); {fix}"
+            ) from err
+        if out.shape[-1] != dm.num_classes:
+            fix = (
+                f"set data.synthetic.num_classes={out.shape[-1]}"
+                if synthetic
+                else f"set model.client.init_args.net.init_args.num_classes={dm.num_classes}"
+            )
+            raise ConfigError(
+                f"model.client.net outputs {out.shape[-1]} values but data.dataset={dm.dataset!r} has "
+                f"{dm.num_classes} classes; {fix}"
+            )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.engine.server_optimizer()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.client(x)
+
+    # ------------------------------------------------------------------------------ a round
+    @property
+    def rounds_done(self) -> int:
+        """Rounds done: the step (x-axis) of every logged scalar.
+
+        While fitting this is ``trainer.global_step`` (one server optimizer step per round), so the
+        values logged after round ``r`` (0-based) are at step ``r + 1``; in ``validate``/``test`` it is
+        the round count of the loaded checkpoint.
+        """
+        return max(self.global_step, self._checkpoint_rounds)
+
+    def on_fit_start(self) -> None:
+        dm = self.datamodule
+        dm.to(self.device)
+        self.engine.num_rounds = self.trainer.max_steps
+        if self.engine.config.local.vectorize > 1 and self.device.type != "cuda":
+            log.info("model.vectorize: peak device memory (round/peak_memory_gb) is logged on CUDA only")
+        if self.global_step == 0:
+            self._log_partition(dm)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """One round: the engine runs it; this logs it and tells the callbacks."""
+        round_idx = self.global_step
+        outcome = self.engine.run_round(round_idx, _LightningServerStep(self), _CallbackListener(self))
+        self._log_round(outcome.record, outcome.result)
+        self._call_federated("on_round_end", round_idx, outcome.record)
+        if outcome.stop_reason:  # Lightning finishes the round as usual (validation, last.ckpt, summary)
+            self.trainer.should_stop = True
+
+    def _log_round(self, record: dict[str, Any], res: RoundResult) -> None:
+        self.log_dict(
+            {
+                "round/time_s": record["time_s"],
+                "round/bytes_down": float(record["bytes_down"]),
+                "round/bytes_up": float(record["bytes_up"]),
+                "round/clients": float(record["clients"]),
+                "round/failed_clients": float(record["failed"]),
+                "round/client_lr": record["client_lr"],
+                **({"round/peak_memory_gb": record["peak_memory_gb"]} if "peak_memory_gb" in record else {}),
+                **(
+                    {"round/vectorised_clients": float(record["vectorised_clients"])}
+                    if "vectorised_clients" in record
+                    else {}
+                ),
+            },
+            on_step=True,
+            on_epoch=False,
+            batch_size=1,
+        )
+        if record.get("strategy"):
+            self.log_dict(record["strategy"], on_step=True, on_epoch=False, batch_size=1)
+        train = {f"train/{k.removeprefix('train_')}": v for k, v in res.train_metrics.items()}
+        if train:
+            self.log_dict(train, on_step=True, on_epoch=False, batch_size=1, prog_bar=True)
+        per_client = {
+            f"{CLIENT_PREFIX}/{cid}/{k}": float(v)
+            for cid, m in res.client_metrics.items()
+            for k, v in m.items()
+            if k != "num_samples"
+        }
+        self._log_direct(per_client, step=record["round"] + 1)
+        self._log_step()
+
+    def _log_step(self) -> None:
+        """Make Lightning log this hook's metrics at step = rounds done.
+
+        Lightning logs at its own batch counter, which counts a round only after the round's
+        validation (steps 0..R-1); a logged ``step`` value is what its logger connector uses instead.
+        """
+        self.log("step", float(self.rounds_done), batch_size=1)
+
+    def _log_direct(self, metrics: dict[str, float], step: int) -> None:
+        """Per-client metrics go straight to the loggers (many keys; nothing monitors them)."""
+        if metrics and self.trainer.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    def _call_federated(self, hook: str, *args: Any) -> None:
+        for cb in self.trainer.callbacks:
+            fn = getattr(cb, hook, None)
+            if isinstance(cb, FederatedCallback) and fn is not None:
+                fn(self.trainer, self, *args)
+
+    # ------------------------------------------------------------------------------ evaluation
+    def on_validation_epoch_start(self) -> None:
+        self.global_metrics.reset()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = to_device(batch, self.device)
+        self.global_metrics.update(self.client(x).float(), y)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("global")
+
+    def on_test_epoch_start(self) -> None:
+        self.global_metrics.reset()
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """The global model on a batch of inputs: ``outputs`` (logits) and ``predictions``.
+
+        Predictions are the arg-max class (multiclass) or the labels with a positive logit, i.e.
+        probability above 0.5 (multilabel): :meth:`Task.predictions <fl_lightning.api.task.Task.predictions>`.
+        """
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        outputs = self.client(x)
+        return {"outputs": outputs, "predictions": self.client.task.predictions(outputs)}
+
+    def _log_eval(self, prefix: str) -> None:
+        values = {f"{prefix}/{k}": v for k, v in gather_metrics(self.global_metrics).compute().items()}
+        if values:
+            self.log_dict(values, prog_bar=prefix == "global", batch_size=1)
+            if self.trainer.state.fn == TrainerFn.FITTING:
+                self._log_step()
+            else:  # validate/test log at the checkpoint's round (a logged `step` would print in the table)
+                for logger in self.loggers:
+                    if isinstance(logger, RoundStepLogger):
+                        logger.round_step = self.rounds_done
+        if self.history and prefix == "global" and self.history[-1]["round"] == self.global_step - 1:
+            self.history[-1].update(values)
+        rounds_done = self.rounds_done
+        due = self.eval_clients_every > 0 and rounds_done % self.eval_clients_every == 0
+        # trainer.training is False during fit's own validation: test the entry point instead
+        if self.trainer.state.fn != TrainerFn.FITTING:
+            self.evaluate_clients()
+        elif due:
+            self.evaluate_clients(clients=self.engine.eval_sample(rounds_done))
+
+    def evaluate_clients(
+        self, lightning_log: bool = True, clients: list[int] | None = None
+    ) -> dict[int, dict[str, float]]:
+        """Evaluate the deployed model of ``clients`` (default: every client) on its local test split.
+
+        The training data stands in for a client without a test split. The deployed model is the
+        global model after ``strategy.personalize`` and ``strategy.adapt`` (identity for
+        non-personalised strategies). Logs ``z_client/<id>/<metric>`` and ``personal/<metric>``, the
+        latter merged over the evaluated clients by metric state.
+        """
+        self.datamodule.to(self.device)  # no-op during fit; after fit or from a checkpoint, the data follows
+        per, merged = self.engine.evaluate_clients(clients)
+        self.client_eval = per
+        self._client_eval_round = self.global_step if clients is None else -1  # a sample: not final
+        flat = {f"{CLIENT_PREFIX}/{cid}/{k}": v for cid, m in per.items() for k, v in m.items()}
+        self._log_direct(flat, step=self.rounds_done)
+        personal = {f"personal/{k}": v for k, v in merged.compute().items()}
+        if personal and lightning_log:
+            self.log_dict(personal, batch_size=1)
+        elif personal:  # outside a hook where self.log is allowed (e.g. at the end of fit)
+            self._log_direct(personal, step=self.rounds_done)
+        return per
+
+    def final_client_metrics(self) -> dict[int, dict[str, float]]:
+        """Per-client metrics of the final model (evaluated now if the last evaluation is stale)."""
+        if self._client_eval_round != self.global_step:
+            self.evaluate_clients(lightning_log=False)
+        return self.client_eval
+
+    def teardown(self, stage: str) -> None:
+        """Give the data module's training tensors back to the host, as Lightning does with the module."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if isinstance(dm, FederatedDataModule) and dm.splits is not None:
+            dm.to("cpu")
+
+    # ------------------------------------------------------------------------------ logging
+    @rank_zero_only
+    def _log_partition(self, dm: FederatedDataModule) -> None:
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_image(
+                    "partition/clients_x_classes", partition_heatmap(dm.counts), 0, dataformats="HWC"
+                )
+                logger.experiment.add_text("partition/counts", counts_markdown(dm.counts), 0)
+
+    # ------------------------------------------------------------------------------ checkpoint
+    def fingerprint(self) -> dict[str, Any]:
+        """Facts a checkpoint must share with the current config to be resumed or evaluated."""
+        shapes = {k: list(v.shape) for k, v in self.client.state_dict().items()}
+        return {
+            **self.datamodule.fingerprint(),
+            "model.seed": self.seed,
+            "model.strategy": type(self.strategy).__name__,
+            "model.client.net": shapes,
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["fl_lightning"] = {
+            "fingerprint": self.fingerprint(),
+            "hparams": hyperparameters(self),
+            "client_state": self.store.state_dict(),
+            "history": self.history,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        fl = checkpoint.get("fl_lightning")
+        if fl is None:
+            raise ConfigError(
+                "ckpt_path: the checkpoint has no fl_lightning state; it was not written by FederatedModule"
+            )
+        check_resume(self, checkpoint, self.fingerprint())
+        self.store.load_state_dict(fl["client_state"])
+        self.history[:] = [dict(r, this_run=False) for r in fl["history"]]
+        self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
+
+
+class _LightningServerStep(ServerStep):
+    """The server optimizer's step through Lightning's optimizer, so ``trainer.global_step`` counts rounds.
+
+    With 16-bit mixed precision Lightning steps through its gradient scaler, which unscales the gradient
+    first: the pseudo-gradient (not scaled) is pre-scaled so unscaling restores it. A skipped round still
+    takes a step (the round counts): with every gradient None, torch's optimizers leave weights and state
+    alone; the scaler refuses a step without gradients, so there the step is taken with zero gradients and
+    the weights and optimizer state are put back afterwards.
+    """
+
+    def __init__(self, module: FederatedModule) -> None:
+        super().__init__(module.optimizers())
+        self.scaler = getattr(module.trainer.precision_plugin, "scaler", None)
+
+    def step(self) -> None:
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+        self.optimizer.step()
+
+    def skip(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            self.optimizer.step()
+            return
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        saved = [p.detach().clone() for p in params]
+        state = copy.deepcopy(self.optimizer.optimizer.state_dict())
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        with torch.no_grad():
+            torch._foreach_copy_(params, saved)  # multi-tensor copy; no public foreach API (torch 2.x)
+        self.optimizer.optimizer.load_state_dict(state)
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+class _CallbackListener(RoundListener):
+    """The engine's round events as the federated callback hooks (``on_round_start``, ``on_client_end``)."""
+
+    def __init__(self, module: FederatedModule) -> None:
+        self.module = module
+
+    def round_start(self, round: int, clients: list[int]) -> None:
+        self.module._call_federated("on_round_start", round, clients)
+
+    def client_end(self, round: int, index: int, total: int, result: ClientResult | None) -> None:
+        self.module._call_federated("on_client_end", round, index, total, result)
+
+
+def check_trainer_options(trainer: Any) -> None:
+    """Refuse Trainer options that the federated module (manual optimisation) cannot honour.
+
+    A round is one Trainer step that runs every sampled client's local optimizer itself, so the
+    Trainer's gradient clipping and accumulation would never touch a client's gradients, and one
+    epoch holds all rounds, so ``max_epochs`` cannot count them. Each error names the equivalent.
+    """
+    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val > 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={trainer.gradient_clip_val} does not reach the clients' local steps; "
+            "set model.grad_clip_norm (clips every local step's gradient norm) instead"
+        )
+    if trainer.gradient_clip_algorithm is not None:
+        raise ConfigError(
+            f"trainer.gradient_clip_algorithm={trainer.gradient_clip_algorithm.value!r} does not reach the "
+            "clients' local steps; model.grad_clip_norm clips every local step's gradient by norm"
+        )
+    if trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} does not apply to federated "
+            "rounds; set model.local_steps (local steps per round) or data.batch_size instead"
+        )
+    max_epochs = trainer.fit_loop.max_epochs
+    if trainer.max_steps > 0 and max_epochs not in (None, -1, 1):
+        raise ConfigError(
+            f"trainer.max_epochs={max_epochs}: one epoch holds all rounds; set trainer.max_steps (the number "
+            "of rounds) and model.local_epochs (local passes per round) instead"
+        )
+
+
+def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:
+    """``metrics`` merged by state over all processes (itself outside a process group)."""
+    if not is_distributed():
+        return metrics
+    merged = metrics.clone()
+    for part in all_gather_objects(copy.deepcopy(metrics).cpu()):
+        merged.merge(part)
+    return merged

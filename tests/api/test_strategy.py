@@ -1,0 +1,126 @@
+"""The Strategy API's own mechanics: personal entries, extra payload groups, local_step."""
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from fl_lightning.api.strategy import Strategy, StrategyWrapper
+from fl_lightning.strategies import FedAvg
+
+from conftest import global_weights, make_module
+
+
+class PersonalHead(FedAvg):
+    """FedAvg with a personal output layer (never communicated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.uploaded: set[str] = set()
+
+    def personal_names(self, model):
+        return {n for n in model.state_dict() if n.startswith("net.classifier.2.")}
+
+    def upload(self, module, ctx):
+        up = super().upload(module, ctx)
+        self.uploaded |= set(up["weights"])
+        return up
+
+
+def test_personal_entries_stay_on_their_client(fit):
+    strategy = PersonalHead()
+    module = make_module(strategy, clients_per_round=4)
+    start = global_weights(module)
+    fit(module, rounds=2)
+    assert strategy.uploaded and not any(n.startswith("net.classifier.2.") for n in strategy.uploaded)
+    end = global_weights(module)
+    for name in ("net.classifier.2.weight", "net.classifier.2.bias"):  # never aggregated
+        assert torch.equal(start[name], end[name])
+    heads = [module.store.get(c)["personal/net.classifier.2.weight"] for c in range(4)]
+    assert all(not torch.equal(heads[0], h) for h in heads[1:])  # one head per client
+    assert not torch.equal(heads[0], start["net.classifier.2.weight"])
+    # personalised evaluation uses each client's own head: not all clients see the same model
+    per = module.client_eval
+    assert len(per) == 4 and "acc" in per[0]
+
+
+class DoubleStep(FedAvg):
+    """Overrides local_step: two optimizer steps per batch (e.g. an inner loop)."""
+
+    def local_step(self, module, optimizer, ctx, batch, closure):
+        optimizer.step(closure)
+        optimizer.step(closure)
+        ctx.scratch["steps"] = ctx.scratch.get("steps", 0) + 2
+
+    def upload(self, module, ctx):
+        ctx.state["steps"] = torch.tensor(ctx.scratch["steps"])
+        return {**super().upload(module, ctx), "extra": {"count": torch.ones(3)}}
+
+
+def test_local_step_override_and_extra_payload_groups(fit):
+    module = make_module(DoubleStep(), local_steps=3)
+    fit(module, rounds=1)
+    assert int(module.store.get(0)["steps"]) == 6
+    model_bytes = sum(p.numel() * 4 for p in module.client.parameters())
+    assert module.history[0]["bytes_up"] == 4 * (model_bytes + 12)
+    assert module.history[0]["bytes_down"] == 4 * model_bytes
+
+
+def test_a_wrapper_that_adds_nothing_is_bit_identical_to_its_base(fit):
+    from fl_lightning.strategies import StrategyWrapper
+
+    a = make_module(FedAvg())
+    b = make_module(StrategyWrapper(FedAvg()))
+    fit(a, rounds=2)
+    fit(b, rounds=2)
+    wa, wb = global_weights(a), global_weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ------------------------------------------------------------------------------ StrategyWrapper
+def _hooks() -> list[str]:
+    """Every public method of Strategy that is not nn.Module's own."""
+    return sorted(
+        n
+        for n, _ in inspect.getmembers(Strategy, inspect.isfunction)
+        if not n.startswith("_") and not hasattr(nn.Module, n)
+    )
+
+
+def _recording_strategy(hooks: list[str]) -> Strategy:
+    """A Strategy whose every hook records its name and arguments and returns a fresh sentinel."""
+
+    def make(name):
+        def hook(self, *args, **kwargs):
+            result = SimpleNamespace(name=name)
+            self.calls.append((name, args, result))
+            return result
+
+        return hook
+
+    base = type("Recording", (Strategy,), {n: make(n) for n in hooks})()
+    base.calls = []
+    return base
+
+
+def test_the_hook_list_covers_the_server_side_api():
+    assert {"select_clients", "aggregator", "process_upload", "process_aggregate", "shared_names"} <= set(
+        _hooks()
+    )
+
+
+@pytest.mark.parametrize("name", _hooks())
+def test_strategy_wrapper_forwards_every_hook(name):
+    assert name in vars(StrategyWrapper), f"StrategyWrapper does not override Strategy.{name}"
+    base = _recording_strategy(_hooks())
+    wrapper = StrategyWrapper(base)
+    signature = inspect.signature(getattr(Strategy, name))
+    args = tuple(SimpleNamespace(arg=p) for p in signature.parameters if p != "self")
+    out = getattr(wrapper, name)(*args)
+    assert [c[0] for c in base.calls] == [name]
+    _, seen, result = base.calls[0]
+    assert seen == args  # the base got the wrapper's arguments, in order
+    if signature.return_annotation != "None":
+        assert out is result  # and its result comes back
