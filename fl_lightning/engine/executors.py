@@ -63,10 +63,13 @@ class Executor(ABC):
     Attributes:
         counts: How many clients were trained on each path (``{"sequential": n, "vectorised": n}``), so a
             run and its tests can tell which path ran.
+        state_held: Some client kept its persistent state itself (a Flower SuperNode, in its run's context)
+            instead of the engine's store, so a checkpoint does not hold it.
     """
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {"sequential": 0, "vectorised": 0}
+        self.state_held = False
 
     def share(self, engine: Engine, sampled: list[int]) -> list[int]:
         """The clients of ``sampled`` this process trains (default: all)."""

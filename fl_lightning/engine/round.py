@@ -339,6 +339,8 @@ class Engine:
         else:
             self._skip(round, result, step)
         record = self._record(round, result, watch())
+        if self.executor is not None and self.executor.state_held:
+            record["client_held_state"] = True  # the clients' state is not in this process's store
         self.history.append(record)
         return RoundOutcome(record, result, self._stop_after(round))
 
@@ -360,7 +362,11 @@ class Engine:
                 raise  # a configuration the strategy cannot run is never a client failure
             except Exception as err:
                 if not self.config.tolerate_client_failures:
-                    raise
+                    raise RunError(
+                        f"round {round}: client {cid} failed ({one_line(err)}) and "
+                        "model.tolerate_client_failures=false stops the run; fix the cause, or set it to "
+                        "true to exclude failing clients from their rounds"
+                    ) from err
                 result.error = result.error or f"client {cid}: {one_line(err)}"
                 result.failed.append(cid)
                 result.bytes_down += payload_bytes(message)
@@ -451,6 +457,17 @@ class Engine:
         if reason:
             log.warning("stopping after round %d (%d rounds done): %s", round, nxt, reason)
         return reason
+
+    def check_resume(self) -> None:
+        """Refuse to continue a restored history whose clients kept their state themselves (a Flower run)
+        on an executor without that state: the rounds would silently start those states from zero."""
+        if any(r.get("client_held_state") for r in self.history):
+            strategy = type(self.strategy).__name__
+            raise ConfigError(
+                f"ckpt_path: the clients of this run ({strategy}) kept their state on their Flower nodes, "
+                "which the checkpoint does not hold and a new run does not have; start a new run, or use a "
+                "strategy whose clients keep no state"
+            )
 
     # ------------------------------------------------------------------------------------ evaluation
     @torch.inference_mode(False)  # a deployed model may train (FineTune); validate/test infer

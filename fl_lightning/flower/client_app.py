@@ -114,7 +114,13 @@ def client_app(
             {
                 **payload_to_records(res.upload),
                 METRICS: metrics_to_record(
-                    {**res.metrics, "bytes_down": res.bytes_down, "bytes_up": res.bytes_up}, res.num_samples
+                    {
+                        **res.metrics,
+                        "bytes_down": res.bytes_down,
+                        "bytes_up": res.bytes_up,
+                        "state_bytes": sum(t.numel() * t.element_size() for t in (res.state or {}).values()),
+                    },
+                    res.num_samples,
                 ),
                 TRAIN_STATE: train_state_to_record(res.train_state),
                 CONFIG: ConfigRecord({"client-id": cid, "round": round_idx}),

@@ -54,6 +54,10 @@ class ClientFailedError(RuntimeError):
 class FlowerExecutor(Executor):
     """Runs the engine's client work on the SuperNodes of a Flower ``Grid``.
 
+    A round in which a node reports client state (``state_bytes`` > 0) is marked ``node_state`` in the
+    engine's history: a checkpoint of such a run lacks that state (it stays on the nodes, in the Flower
+    run's context), so resuming it in a new Flower run is refused (:meth:`check_resume`).
+
     Args:
         grid: The grid of the ServerApp (``main(grid, context)``).
         wait_for_nodes: Seconds to wait for a node of every partition before giving up.
@@ -134,6 +138,7 @@ class FlowerExecutor(Executor):
             metrics = dict(content.metric_records[METRICS])
             num_samples = int(metrics.pop(NUM_EXAMPLES))
             bytes_down, bytes_up = int(metrics.pop("bytes_down")), int(metrics.pop("bytes_up"))
+            self.state_held |= int(metrics.pop("state_bytes", 0)) > 0
             train_state = (
                 record_to_train_state(content.array_records[TRAIN_STATE])
                 if TRAIN_STATE in content.array_records

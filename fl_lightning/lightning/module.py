@@ -531,6 +531,7 @@ class FederatedModule(LightningModule):
         check_resume(self, checkpoint, self.fingerprint())
         self.store.load_state_dict(fl["client_state"])
         self.history[:] = [dict(r, this_run=False) for r in fl["history"]]
+        self.engine.check_resume()
         self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
 
 

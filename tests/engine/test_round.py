@@ -163,8 +163,10 @@ def test_consecutive_failed_rounds_stop_the_run_with_one_line(fit):
 
 
 def test_failures_stop_the_run_at_once_when_not_tolerated(fit):
-    with pytest.raises(RuntimeError, match="deliberate failure"):
+    match = "client 0 failed .*deliberate failure.*tolerate_client_failures=false"
+    with pytest.raises(RunError, match=match) as err:
         fit(make_module(Recorder(fail={0}), tolerate_client_failures=False), rounds=1)
+    assert isinstance(err.value.__cause__, RuntimeError)  # the client's own exception, for a debugger
 
 
 def test_aggregator_weights_by_samples_or_uniformly():

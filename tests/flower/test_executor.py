@@ -119,3 +119,20 @@ def test_evaluate_sends_every_client_the_global_weights(tmp_path):
     assert sorted(int(m.content.config_records[CONFIG]["client-id"]) for m in evaluated) == [0, 1, 2, 3]
     assert sorted(module.client_eval) == [0, 1, 2, 3]
     assert torch.is_tensor(next(iter(module.client.state_dict().values())))
+
+
+def test_resuming_a_run_whose_nodes_kept_client_state_is_refused(tmp_path):
+    """SCAFFOLD's c_i lived on the nodes (a Flower run's context): a checkpoint does not hold it, so a
+    resume (a new Flower run, or fit) would restart it from zero: one line instead."""
+    module, _ = _run(tmp_path, SCAFFOLD, rounds=1)
+    assert module.history[0]["client_held_state"]
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    with pytest.raises(ConfigError, match="kept their state on their Flower nodes"):
+        fit_on_grid(
+            LocalGrid(client_app(RECIPE, SCAFFOLD), 4),
+            RECIPE,
+            [*SCAFFOLD, f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"],
+            num_rounds=2,
+            ckpt_path=str(last),
+            wait_for_nodes=1,
+        )

@@ -21,7 +21,8 @@ def test_a_missing_config_is_one_line(tmp_path):
 
 def test_a_relative_config_is_read_from_root():
     fed = load_federation(RECIPE.name, root=RECIPE.parent)
-    assert fed.num_clients == 4 and len(fed.data.clients) == 4 and fed.module.engine.clients == fed.data.clients
+    assert fed.num_clients == 4 and len(fed.data.clients) == 4
+    assert fed.module.engine.clients is fed.data.clients
 
 
 def test_a_bad_value_is_the_cli_one_line_error():
