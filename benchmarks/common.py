@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from lightning.pytorch import Trainer
 from torch import nn
 
-from fl_lightning.engine.local import _CLIENT_STREAM
 from fl_lightning.data import ClientData
-from fl_lightning.functional.tensor import derive_seed
+from fl_lightning.engine.local import client_seed
 
 
 def bare_trainer(rounds: int, device: torch.device, **kwargs: object) -> Trainer:
@@ -73,7 +72,7 @@ def hand_written_fedavg(
         for client in clients:
             worker.load_state_dict(global_net.state_dict())
             opt = torch.optim.SGD(worker.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-            gen = torch.Generator().manual_seed(derive_seed(seed, _CLIENT_STREAM, r, client.client_id))
+            gen = torch.Generator().manual_seed(client_seed(seed, r, client.client_id))
             n, steps = client.num_samples, 0
             while steps < local_steps:
                 order = client.train_idx[torch.randperm(n, generator=gen)].to(device, non_blocking=True)

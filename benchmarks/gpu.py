@@ -32,8 +32,8 @@ from common import bare_trainer, hand_written_fedavg, sync
 from lightning.pytorch import Callback, Trainer
 
 from fl_lightning.api.client import ClientModule
-from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.data import IID, DatasetSplits, FederatedDataModule, register_dataset
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
 from fl_lightning.models.resnet import ResNet18GN
 from fl_lightning.strategies import FedAvg, FedSMOO, Strategy

@@ -24,8 +24,8 @@ import torch
 from common import bare_trainer, hand_written_fedavg
 
 from fl_lightning.api.client import ClientModule
-from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.data import Dirichlet, FederatedDataModule
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
 from fl_lightning.strategies import FedAvg
 

@@ -3,12 +3,18 @@
     python benchmarks/scaling.py                 # both parts, prints the ratios
     python benchmarks/scaling.py --part speed    # only rounds/s (1 vs 2 processes, threads per process)
     python benchmarks/scaling.py --part memory   # only peak RSS for 100 vs 1000 stateful clients
+    python benchmarks/scaling.py --part small    # small rounds: 1 vs 2 processes, 10 and 100 clients
 
 Speed: the same config (digits, 20 clients, all sampled, SmallCNN, 20 local steps) runs through
 ``python -m fl_lightning fit`` with ``--trainer.devices 1`` and ``2`` (CPU, gloo); rounds/s is taken
 from the rounds' own wall times (summary.json, process start-up excluded). With two
 processes on two cores each process gets one intra-op thread (the default); the run with two
 threads per process shows why (oversubscription). Targets: >= 1.7x with 2 workers on 2 cores.
+
+Small rounds: what a process group costs per round besides the clients' work. Digits, SmallCNN, half
+the clients per round, 5 local steps each, no validation: 10 clients (5 per round, a round of ~0.1 s
+on one process) and 100 clients (50 per round); 1 vs 2 processes (one thread each), the rounds' own
+mean wall time. Target: >= 1.4x with 2 processes.
 
 Memory: every client keeps a model-size state (its last local model), 100 vs 1000 clients, 10 per
 round, 3 visits per client on average (about 95% of the clients end up with a state); peak RSS of
@@ -92,6 +98,28 @@ def speed(rounds: int) -> None:
     )
 
 
+def small(rounds: int) -> None:
+    for clients in (10, 100):
+        common = [
+            f"--trainer.max_steps={rounds}",
+            f"--data.num_clients={clients}",
+            "--data.partition=IID",
+            "--model.participation=0.5",
+            "--model.local_steps=5",
+            "--model.eval_clients_every=0",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_checkpointing=false",
+        ]
+        seconds = {}
+        for devices in (1, 2):
+            with tempfile.TemporaryDirectory() as tmp:
+                seconds[devices] = _fit([*common, f"--trainer.devices={devices}"], Path(tmp))["mean_round_s"]
+            print(
+                f"  {clients:4d} clients, {devices} process(es): {1000 * seconds[devices]:7.1f} ms per round"
+            )
+        print(f"  {clients:4d} clients: 2 processes vs 1: {seconds[1] / seconds[2]:.2f}x")
+
+
 # Runs fit in a fresh process and prints that process's own peak RSS (KiB) as the last line.
 _PEAK = (
     "import resource, sys; from fl_lightning.cli import main; main(['fit', *sys.argv[1:]]); "
@@ -138,12 +166,15 @@ def memory() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=["speed", "memory", "all"], default="all")
+    p.add_argument("--part", choices=["speed", "small", "memory", "all"], default="all")
     p.add_argument("--rounds", type=int, default=8)
     args = p.parse_args()
     if args.part in ("speed", "all"):
         print("rounds/second (digits, 20 clients x 20 local steps, SmallCNN):")
         speed(args.rounds)
+    if args.part in ("small", "all"):
+        print("small rounds (digits, half the clients per round, 5 local steps, SmallCNN):")
+        small(max(args.rounds, 10))
     if args.part in ("memory", "all"):
         print("peak memory, each client keeping a model-size state (SmallCNN, 210 KiB):")
         memory()

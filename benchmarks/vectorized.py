@@ -29,11 +29,11 @@ import torch
 from common import bare_trainer
 from gpu import RoundTimer
 
-from fl_lightning.engine import vectorized
 from fl_lightning.api.client import ClientModule
-from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.data import IID, FederatedDataModule
 from fl_lightning.data.datasets import SyntheticData
+from fl_lightning.engine import vectorized
+from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN, create_model
 from fl_lightning.strategies import FedAvg, FedSMOO, Strategy
 
@@ -81,8 +81,8 @@ def round_times(
     timer = RoundTimer(device)
     trainer = bare_trainer(args.rounds, device, callbacks=[timer], default_root_dir=str(Path(args.root)))
     trainer.fit(module, datamodule=dm)
-    if vectorize > 1 and (module.loop._notices or not module.loop._stacks):
-        raise RuntimeError(f"{name} did not run vectorised: {module.loop._notices}")
+    if vectorize > 1 and (module.engine.notices or not module.engine.executor.counts["vectorised"]):
+        raise RuntimeError(f"{name} did not run vectorised: {module.engine.notices}")
     peak = module.history[-1].get("peak_memory_gb", float("nan"))
     return timer.times[1:] if len(timer.times) > 1 else timer.times, peak
 
