@@ -97,8 +97,10 @@ def test_num_partitions_must_match_the_config():
     fed = load_federation(RECIPE)
     grid = LocalGrid(client_app(RECIPE), fed.num_clients, node_config={"num-partitions": 5})
     strategy = FlowerStrategy(fed, wait_for_nodes=1)
-    with pytest.raises(ConfigError, match="num-partitions=5 does not fit data.num_clients=4"):
+    with pytest.raises(ConfigError, match="num-partitions=5 does not fit data.num_clients=4") as err:
         strategy.discover(grid)
+    # the fix for Flower's simulation (whose default federation has 2 SuperNodes) is named
+    assert 'flwr run . --federation-config "num-supernodes=4"' in str(err.value)
 
 
 def test_evaluate_sends_every_client_the_global_weights():
