@@ -57,7 +57,8 @@ def partition_of(context: Context, fed: Federation) -> int:
         raise ConfigError(
             f"flower: node {PARTITION_ID}={pid} {NUM_PARTITIONS}={parts} does not fit data.num_clients="
             f"{fed.num_clients} of {fed.path}; use {PARTITION_ID} in 0..{fed.num_clients - 1} and "
-            f"{NUM_PARTITIONS}={fed.num_clients}"
+            f"{NUM_PARTITIONS}={fed.num_clients} (Flower's simulation: flwr run . --federation-config "
+            f'"num-supernodes={fed.num_clients}")'
         )
     return pid
 

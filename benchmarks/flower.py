@@ -1,0 +1,398 @@
+"""Flower's simulation of a config against fl_lightning's own run and a bare Flower app doing the same work.
+
+    python benchmarks/flower.py                          # recipes/flower's MLP, 10 clients, 6 rounds
+    python benchmarks/flower.py --rounds 10 --local-steps 20 --per-round
+    python benchmarks/flower.py --only b,c               # a subset of the three runs
+
+One config (``recipes/flower/fedavg_digits_mlp.yaml`` with ``--data.num_clients``,
+``--trainer.max_steps`` and ``--model.local_steps`` from the arguments) is timed three ways, each in a
+fresh process:
+
+(a) ``python -m fl_lightning fit`` (one process, no Flower);
+(b) ``python -m fl_lightning.flower``: Flower's simulation (Ray), one virtual SuperNode per client,
+    1 CPU each, fl_lightning's ServerApp and ClientApp;
+(c) a bare Flower app (``bare_server_app``/``bare_client_app`` below): Flower's own ``FedAvg`` and a
+    ClientApp in plain PyTorch that trains the same MLP from the same initial weights with the same
+    local steps, batch size and learning rate on the same digits partition (the clients' indices of
+    the config's split), samples the same fraction of clients, and, as (b) does each round, evaluates
+    the global model on the server and every client's model on its local test split; run by the same
+    simulation (same number of SuperNodes, same client resources).
+
+A round is timed from its start to the next round's start (the last one to the end of the run's
+rounds): training, aggregation, global and client evaluation. Round 1 of (b) and (c) also waits for
+the Ray actors to start (a Python process each, importing the app); "startup" is process start to
+round 1. Printed: seconds per round (steady: mean of rounds 2..R), round 1, startup, total wall time,
+and the ratios (b)/(c) (our part of a Flower round; target <= 1.2x) and (b)/(a). In Flower's
+simulation a round's messages wait on 0.1 s polling loops (the grid's replies, the simulation's
+message queue), so steady rounds of a small workload come in steps of about 0.1 s. Timings are
+wall-clock on whatever else the machine runs: compare the ratios of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RECIPE = ROOT / "recipes" / "flower" / "fedavg_digits_mlp.yaml"
+_T0 = time.perf_counter()
+_ROUND = "[ROUND "
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The command-line overrides of the recipe that all three runs use."""
+    return [
+        f"--data.num_clients={args.clients}",
+        f"--trainer.max_steps={args.rounds}",
+        f"--model.local_steps={args.local_steps}",
+    ]
+
+
+# ---------------------------------------------------------------------------------------- (a) fit
+def _fit_callback() -> Any:
+    from lightning.pytorch import Callback
+
+    class RoundTimer(Callback):
+        """Seconds since process start at the start of each round (one training step) and at the end."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
+            self.marks.append(time.perf_counter() - _T0)
+
+        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            self.marks.append(time.perf_counter() - _T0)
+
+    return RoundTimer()
+
+
+def run_fit(args: argparse.Namespace) -> list[float]:
+    """``python -m fl_lightning fit --config <recipe> <overrides>`` in this process, with a round timer."""
+    from fl_lightning.cli import FederatedCLI
+
+    timer = _fit_callback()
+
+    class TimedCLI(FederatedCLI):
+        def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+            return super()._instantiate_trainer(config, [*callbacks, timer])
+
+    sys.argv = sys.argv[:1]  # the CLI reads its arguments from ``args`` only
+    with tempfile.TemporaryDirectory() as tmp:
+        TimedCLI(
+            args=[
+                "fit",
+                "--config",
+                str(RECIPE),
+                *overrides(args),
+                f"--trainer.default_root_dir={tmp}",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.accelerator=cpu",
+            ]
+        )
+    return timer.marks
+
+
+# ------------------------------------------------------------------------- (b) and (c) in Flower
+class _RoundMarks(logging.Handler):
+    """Seconds since process start at Flower's "[ROUND k/R]" log lines and at the strategy's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if _ROUND in msg or "Strategy execution finished" in msg:
+            self.marks.append(time.perf_counter() - _T0)
+
+
+def run_ours(args: argparse.Namespace) -> list[float]:
+    """``python -m fl_lightning.flower --config <recipe> <overrides>`` in this process."""
+    from fl_lightning.flower.__main__ import main
+
+    marks = _RoundMarks()
+    logging.getLogger("flwr").addHandler(marks)
+    main(["--config", str(RECIPE), *overrides(args)])
+    return marks.marks
+
+
+def export_federation(args: argparse.Namespace, path: Path) -> None:
+    """The config's partition, initial MLP weights and local settings, for the bare app."""
+    import torch
+
+    from fl_lightning.flower.federation import load_federation
+
+    fed = load_federation(RECIPE, overrides(args))
+    client, loop = fed.module.client, fed.module.loop.config
+    val = list(fed.data.val_dataloader())
+    x0 = fed.data.clients[0].x
+    torch.save(
+        {
+            "x": x0.reshape(len(x0), -1),
+            "y": fed.data.clients[0].y,
+            "train_idx": [c.train_idx for c in fed.data.clients],
+            "test_idx": [c.test_idx for c in fed.data.clients],
+            "val_x": torch.cat([b[0] for b in val]).reshape(-1, x0[0].numel()),
+            "val_y": torch.cat([b[1] for b in val]),
+            "weights": {k.removeprefix("net."): v for k, v in client.net.state_dict().items()},
+            "lr": client.lr,
+            "momentum": client.momentum,
+            "batch_size": fed.data.batch_size,
+            "eval_batch_size": fed.data.eval_batch_size,
+            "local_steps": loop.local_steps,
+            "fraction": len(fed.module.loop.sample(fed.num_clients, 0)) / fed.num_clients,
+            "num_clients": fed.num_clients,
+        },
+        path,
+    )
+
+
+_DATA: dict[str, Any] = {}
+
+
+def _bare_data(path: str) -> dict[str, Any]:
+    """The exported federation, loaded once per process (as a Flower app would cache its data)."""
+    if path not in _DATA:
+        import torch
+
+        _DATA[path] = torch.load(path)
+    return _DATA[path]
+
+
+def _bare_net(data: dict[str, Any]) -> Any:
+    """The recipe's MLP (Flatten, Linear, ReLU, ..., Linear) in plain PyTorch, with the initial weights."""
+    from torch import nn
+
+    linears = [k for k in data["weights"] if k.endswith(".weight")]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for i, name in enumerate(linears):
+        out_f, in_f = data["weights"][name].shape
+        layers.append(nn.Linear(in_f, out_f))
+        if i < len(linears) - 1:
+            layers.append(nn.ReLU(inplace=True))
+    net = nn.Sequential(*layers)
+    net.load_state_dict(data["weights"])
+    return net
+
+
+def _bare_eval(net: Any, x: Any, y: Any, batch_size: int) -> tuple[float, float]:
+    import torch
+    import torch.nn.functional as F
+
+    net.eval()
+    loss = correct = 0.0
+    with torch.no_grad():
+        for s in range(0, len(y), batch_size):
+            out = net(x[s : s + batch_size])
+            loss += float(F.cross_entropy(out, y[s : s + batch_size], reduction="sum"))
+            correct += float((out.argmax(1) == y[s : s + batch_size]).sum())
+    net.train()
+    return loss / max(1, len(y)), correct / max(1, len(y))
+
+
+def bare_client_app(path: str) -> Any:
+    """A ClientApp in plain PyTorch: ``local_steps`` SGD steps on the node's partition, test-split eval."""
+    import torch
+    import torch.nn.functional as F
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        data = _bare_data(path)
+        cid = int(context.node_config["partition-id"])
+        net = _bare_net(data)
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        opt = torch.optim.SGD(net.parameters(), lr=data["lr"], momentum=data["momentum"])
+        idx_all, bs = data["train_idx"][cid], data["batch_size"]
+        gen = torch.Generator().manual_seed(int(msg.content["config"]["server-round"]) * 1000 + cid)
+        steps, seen, loss_sum, correct = 0, 0, 0.0, 0.0
+        while steps < data["local_steps"]:
+            order = idx_all[torch.randperm(len(idx_all), generator=gen)]
+            for s in range(0, len(order), bs):
+                idx = order[s : s + bs]
+                opt.zero_grad(set_to_none=True)
+                out = net(data["x"][idx])
+                loss = F.cross_entropy(out, data["y"][idx])
+                loss.backward()
+                opt.step()
+                loss_sum += float(loss) * len(idx)
+                correct += float((out.argmax(1) == data["y"][idx]).sum())
+                seen += len(idx)
+                steps += 1
+                if steps == data["local_steps"]:
+                    break
+        metrics = {"train_loss": loss_sum / seen, "train_acc": correct / seen, "num-examples": len(idx_all)}
+        content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": MetricRecord(metrics)})
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        data = _bare_data(path)
+        cid = int(context.node_config["partition-id"])
+        net = _bare_net(data)
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        idx = data["test_idx"][cid] if len(data["test_idx"][cid]) else data["train_idx"][cid]
+        loss, acc = _bare_eval(net, data["x"][idx], data["y"][idx], data["eval_batch_size"])
+        metrics = MetricRecord({"loss": loss, "acc": acc, "num-examples": len(idx)})
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+def bare_server_app(path: str, rounds: int) -> Any:
+    """A ServerApp with Flower's FedAvg: the recipe's sampled fraction, every client evaluated each round,
+    the global model evaluated on the config's global validation/test split after each round."""
+    from flwr.app import ArrayRecord, Context, MetricRecord
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        data = _bare_data(path)
+        net = _bare_net(data)
+        n = data["num_clients"]
+
+        def global_eval(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+            net.load_state_dict(arrays.to_torch_state_dict())
+            loss, acc = _bare_eval(net, data["val_x"], data["val_y"], data["eval_batch_size"])
+            return MetricRecord({"global/loss": loss, "global/acc": acc})
+
+        strategy = FedAvg(
+            fraction_train=data["fraction"],
+            fraction_evaluate=1.0,
+            min_train_nodes=1,
+            min_evaluate_nodes=n,
+            min_available_nodes=n,
+        )
+        strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=rounds, evaluate_fn=global_eval)
+
+    return app
+
+
+def run_bare(args: argparse.Namespace) -> list[float]:
+    """The bare app in Flower's simulation, with the resources ``python -m fl_lightning.flower`` gives."""
+    # the apps from this file imported as a module (benchmarks/ is on the actors' PYTHONPATH): Ray
+    # pickles functions of ``__main__`` by value, with a copy of their globals, so the data cache
+    # would be empty in every message
+    from flower import bare_client_app as client
+    from flower import bare_server_app as server
+    from flwr.simulation import run_simulation
+
+    marks = _RoundMarks()
+    logging.getLogger("flwr").addHandler(marks)
+    run_simulation(
+        server(args._data, args.rounds),
+        client(args._data),
+        num_supernodes=args.clients,
+        backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0}},
+    )
+    return marks.marks
+
+
+# -------------------------------------------------------------------------------------- driver
+RUNS = {
+    "a": ("fit (one process)", run_fit),
+    "b": ("python -m fl_lightning.flower", run_ours),
+    "c": ("bare Flower app (FedAvg)", run_bare),
+}
+
+
+def measure(key: str, args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    """Run ``key`` in a fresh process; its round marks as seconds per round, startup and total."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "marks.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--_run", key, "--_out", str(out)]
+        cmd += [f"--clients={args.clients}", f"--rounds={args.rounds}", f"--local-steps={args.local_steps}"]
+        cmd += ["--_data", str(data)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
+        }
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+        total = time.perf_counter() - start
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"run {key} failed:\n{proc.stderr[-3000:]}")
+        marks = json.loads(out.read_text())
+    if len(marks) != args.rounds + 1:
+        raise RuntimeError(f"run {key}: {len(marks)} round marks for {args.rounds} rounds")
+    rounds = [b - a for a, b in itertools.pairwise(marks)]
+    return {
+        "startup": marks[0],
+        "first": rounds[0],
+        "steady": statistics.mean(rounds[1:]),
+        "total": total,
+        "rounds": rounds,
+    }
+
+
+def _print_row(key: str, r: dict[str, Any], per_round: bool) -> None:
+    print(
+        f"  ({key}) {RUNS[key][0]:30s} steady {r['steady']:7.3f} s/round   round 1 {r['first']:7.2f} s   "
+        f"startup {r['startup']:6.2f} s   total {r['total']:6.2f} s",
+        flush=True,
+    )
+    if per_round:
+        print("      rounds: " + " ".join(f"{t:.3f}" for t in r["rounds"]), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--local-steps", type=int, default=5)
+    p.add_argument("--only", default="a,b,c", help="comma-separated subset of a (fit), b (ours), c (bare)")
+    p.add_argument("--per-round", action="store_true", help="also print every round's seconds")
+    p.add_argument("--_run", choices=list(RUNS), help=argparse.SUPPRESS)
+    p.add_argument("--_out", help=argparse.SUPPRESS)
+    p.add_argument("--_data", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args._run:
+        marks = RUNS[args._run][1](args)
+        Path(args._out).write_text(json.dumps(marks))
+        return
+    if args.rounds < 2:
+        p.error("--rounds must be >= 2 (round 1 includes the actors' start-up)")
+    print(
+        f"{RECIPE.name}: {args.clients} clients, {args.rounds} rounds, {args.local_steps} local steps "
+        f"(seconds; steady = mean of rounds 2..{args.rounds})"
+    )
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to 0"
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "federation.pt"
+        export_federation(args, data)  # the bare app's partition and initial weights, not timed
+        for key in args.only.split(","):
+            res[key] = measure(key, args, data)
+            _print_row(key, res[key], args.per_round)
+    if "b" in res and "c" in res:
+        b, c = res["b"], res["c"]
+        print(f"(b)/(c), steady round: {b['steady'] / c['steady']:.2f}x  (target <= 1.2x)")
+        print(f"(b)/(c), round 1:      {b['first'] / c['first']:.2f}x")
+        print(f"(b)/(c), startup:      {b['startup'] / c['startup']:.2f}x")
+        print(f"(b)/(c), total:        {b['total'] / c['total']:.2f}x")
+    if "b" in res and "a" in res:
+        b, a = res["b"], res["a"]
+        print(f"(b)/(a), steady round: {b['steady'] / a['steady']:.2f}x")
+        print(f"(b)/(a), total:        {b['total'] / a['total']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
