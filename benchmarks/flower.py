@@ -18,14 +18,15 @@ fresh process:
     the global model on the server and every client's model on its local test split; run by the same
     simulation (same number of SuperNodes, same client resources).
 
-A round is timed from its start to the next round's start (the last one to the end of the run's
-rounds): training, aggregation, global and client evaluation. Round 1 of (b) and (c) also waits for
-the Ray actors to start (a Python process each, importing the app); "startup" is process start to
-round 1. Printed: seconds per round (steady: mean of rounds 2..R), round 1, startup, total wall time,
-and the ratios (b)/(c) (our part of a Flower round; target <= 1.2x) and (b)/(a). In Flower's
-simulation a round's messages wait on 0.1 s polling loops (the grid's replies, the simulation's
-message queue), so steady rounds of a small workload come in steps of about 0.1 s. Timings are
-wall-clock on whatever else the machine runs: compare the ratios of one run.
+A round is timed from its start to the next round's start (the last one to the end of the run's rounds):
+training, aggregation, global and client evaluation; (a) and (b) by a Lightning callback of the Trainer
+(the ServerApp of (b) fits the config with one), (c) by Flower's "[ROUND k/R]" log lines. Round 1 of (b)
+and (c) also waits for the Ray actors to start (a Python process each, importing the app); "startup" is
+process start to round 1. Printed: seconds per round (steady: mean of rounds 2..R), round 1, startup,
+total wall time, and the ratios (b)/(c) (our part of a Flower round; target <= 1.2x) and (b)/(a). In
+Flower's simulation a round's messages wait on 0.1 s polling loops (the grid's replies, the simulation's
+message queue), so steady rounds of a small workload come in steps of about 0.1 s. Timings are wall-
+clock on whatever else the machine runs: compare the ratios of one run.
 """
 
 from __future__ import annotations
@@ -119,13 +120,26 @@ class _RoundMarks(logging.Handler):
 
 
 def run_ours(args: argparse.Namespace) -> list[float]:
-    """``python -m fl_lightning.flower --config <recipe> <overrides>`` in this process."""
+    """``python -m fl_lightning.flower --config <recipe> <overrides>`` in this process; the ServerApp fits
+    the config with a Lightning Trainer, timed by the same round callback as (a)."""
+    import importlib
+
     from fl_lightning.flower.__main__ import main
 
-    marks = _RoundMarks()
-    logging.getLogger("flwr").addHandler(marks)
-    main(["--config", str(RECIPE), *overrides(args)])
-    return marks.marks
+    server_app = importlib.import_module("fl_lightning.flower.server_app")  # the module, not the function
+
+    timer = _fit_callback()
+    load_run = server_app.load_run
+
+    def timed_run(*a: Any, **kw: Any) -> Any:
+        cli = load_run(*a, **kw)
+        cli.trainer.callbacks.append(timer)
+        return cli
+
+    server_app.load_run = timed_run
+    with tempfile.TemporaryDirectory() as tmp:
+        main(["--config", str(RECIPE), *overrides(args), f"--trainer.default_root_dir={tmp}"])
+    return timer.marks
 
 
 def export_federation(args: argparse.Namespace, path: Path) -> None:
@@ -135,7 +149,7 @@ def export_federation(args: argparse.Namespace, path: Path) -> None:
     from fl_lightning.flower.federation import load_federation
 
     fed = load_federation(RECIPE, overrides(args))
-    client, loop = fed.module.client, fed.module.loop.config
+    client, local = fed.module.client, fed.module.engine.config.local
     val = list(fed.data.val_dataloader())
     x0 = fed.data.clients[0].x
     torch.save(
@@ -151,8 +165,8 @@ def export_federation(args: argparse.Namespace, path: Path) -> None:
             "momentum": client.momentum,
             "batch_size": fed.data.batch_size,
             "eval_batch_size": fed.data.eval_batch_size,
-            "local_steps": loop.local_steps,
-            "fraction": len(fed.module.loop.sample(fed.num_clients, 0)) / fed.num_clients,
+            "local_steps": local.local_steps,
+            "fraction": len(fed.module.engine.sample(0)) / fed.num_clients,
             "num_clients": fed.num_clients,
         },
         path,
