@@ -1,13 +1,14 @@
 """A Flower ``ClientApp`` that runs fl_lightning's client side: the same functions as every executor.
 
-On a ``train`` message the node's client (its partition id is its fl_lightning client id) runs
+A node hosts the clients whose id is its ``partition-id`` modulo ``num-partitions`` (one client per node
+when there are as many nodes as clients). On a ``train`` message for one of its clients it runs
 :func:`~fl_lightning.engine.local.train_client` on the payload the engine's ``strategy.message`` built,
 checks its upload (:func:`~fl_lightning.engine.local.check_upload`: a non-finite upload is an error reply,
 and the node keeps its old state, as the engine keeps it only for accepted clients), keeps its new state in
 ``context.state`` and replies with the upload, its metrics (``MetricRecord``) and its training-metric
 states. On ``evaluate`` it evaluates the model it deploys
 (:func:`~fl_lightning.engine.local.evaluate_deployed`) and replies with the metric states; on ``query`` it
-tells the server which partition it holds.
+tells the server which partition it is.
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ log = logging.getLogger("fl_lightning")
 CONFIG_KEY = "config"
 
 
-def partition_of(context: Context, fed: Federation) -> int:
-    """The node's fl_lightning client id: its ``partition-id``, checked against the federation."""
+def partition_of(context: Context, fed: Federation) -> tuple[int, int]:
+    """The node's ``(partition-id, num-partitions)``, checked against the federation.
+
+    A node hosts the clients whose id is its partition id modulo the number of partitions: one client per
+    node with ``num-partitions = data.num_clients``, several with fewer nodes (Flower's default local
+    simulation has 2).
+    """
     if PARTITION_ID not in context.node_config:
         raise ConfigError(
             f"flower: the SuperNode has no {PARTITION_ID}; start it with --node-config "
@@ -53,14 +59,14 @@ def partition_of(context: Context, fed: Federation) -> int:
         )
     pid = int(context.node_config[PARTITION_ID])
     parts = int(context.node_config.get(NUM_PARTITIONS, fed.num_clients))
-    if parts != fed.num_clients or not 0 <= pid < fed.num_clients:
+    if not 1 <= parts <= fed.num_clients or not 0 <= pid < parts:
         raise ConfigError(
             f"flower: node {PARTITION_ID}={pid} {NUM_PARTITIONS}={parts} does not fit data.num_clients="
-            f"{fed.num_clients} of {fed.path}; use {PARTITION_ID} in 0..{fed.num_clients - 1} and "
-            f"{NUM_PARTITIONS}={fed.num_clients} (Flower's simulation: flwr run . --federation-config "
-            f'"num-supernodes={fed.num_clients}")'
+            f"{fed.num_clients} of {fed.path}; use {NUM_PARTITIONS} <= {fed.num_clients} (a node hosts "
+            f"the clients whose id is its {PARTITION_ID} modulo {NUM_PARTITIONS}) and {PARTITION_ID} in "
+            f"0..{NUM_PARTITIONS}-1"
         )
-    return pid
+    return pid, parts
 
 
 def client_app(
@@ -87,8 +93,7 @@ def client_app(
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        fed = federation(context)
-        return node_answer(partition_of(context, fed), fed.num_clients, msg)
+        return node_answer(*partition_of(context, federation(context)), msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -102,7 +107,7 @@ def client_app(
             worker,
             engine.strategy,
             records_to_payload(msg.content, fed.device),
-            load_client_state(context.state),
+            load_client_state(context.state, cid),
             engine.clients[cid],
             round_idx,
             engine.config.local,
@@ -110,7 +115,7 @@ def client_app(
             engine.local_metrics if engine.clients[cid].test_idx.numel() else None,
         )
         check_upload(cid, round_idx, res.upload)  # a fault: Flower replies with the error, state unchanged
-        save_client_state(context.state, res.state or {})
+        save_client_state(context.state, cid, res.state or {})
         content = RecordDict(
             {
                 **payload_to_records(res.upload),
@@ -142,7 +147,7 @@ def client_app(
             records_to_payload(msg.content, fed.device).get("weights", {}),
             engine.strategy,
             engine.clients[cid],
-            load_client_state(context.state),
+            load_client_state(context.state, cid),
             local.batch_size,
             local.eval_batch_size,
             metrics,
@@ -159,10 +164,11 @@ def client_app(
 
 
 def _checked_client(msg: Message, context: Context, fed: Federation) -> int:
-    cid = partition_of(context, fed)
-    sent = int(msg.content.config_records[CONFIG]["client-id"])
-    if sent != cid:
-        raise RuntimeError(f"message for client {sent} reached the node of partition {cid}")
+    """The client id the message is for, checked to be one this node hosts."""
+    pid, parts = partition_of(context, fed)
+    cid = int(msg.content.config_records[CONFIG]["client-id"])
+    if cid % parts != pid:
+        raise RuntimeError(f"a message for client {cid} reached the node of {PARTITION_ID}={pid}")
     return cid
 
 

@@ -6,8 +6,10 @@ messages to the nodes of its clients (one ``train`` message each, sent together,
 parallel) and turns the replies into the :class:`~fl_lightning.api.types.ClientResult` the engine's
 policies see: an error reply, or no reply within ``timeout``, is that client's failure. The evaluation of
 the clients' deployed models goes the same way (``evaluate`` messages; the replies carry metric states,
-merged on the server). Nodes are matched to client ids by their ``partition-id`` (asked once with
-``query`` messages).
+merged on the server). Nodes are matched to client ids by their ``partition-id`` and ``num-partitions``
+(asked once with ``query`` messages): a node hosts the clients whose id is its partition id modulo the
+number of partitions, one client per node when there are as many nodes as clients; a node receives at
+most one message at a time (the messages of a node's clients go out in turns).
 
 A client's persistent state (SCAFFOLD's ``c_i``, personal layers) stays on its node, in the node's
 ``context.state``; the node keeps the new state only when its upload passes the client-side check
@@ -16,6 +18,7 @@ A client's persistent state (SCAFFOLD's ``c_i``, personal layers) stays on its n
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -70,37 +73,53 @@ class FlowerExecutor(Executor):
         self.wait_for_nodes = wait_for_nodes
         self.timeout = timeout
         self.nodes: dict[int, int] = {}  # fl_lightning client id -> Flower node id
+        self._partitions: dict[int, int] = {}  # partition id -> Flower node id
+        self._parts = 0  # num-partitions the nodes reported
 
     # ------------------------------------------------------------------------------ nodes
     def discover(self, num_clients: int) -> None:
-        """Learn the partition id of every node until each client id has one (``query`` messages)."""
+        """Learn every node's partition (``query`` messages) until each partition has a node; then client
+        ``c`` is hosted by the node of partition ``c mod num-partitions``."""
         deadline = time.monotonic() + self.wait_for_nodes
-        asked: set[int] = set(self.nodes.values())
-        while len(self.nodes) < num_clients:
+        asked: set[int] = set(self._partitions.values())
+        while not self._parts or len(self._partitions) < self._parts:
             new = [n for n in self.grid.get_node_ids() if n not in asked]
             if new:
                 query = RecordDict({CONFIG: ConfigRecord({"ask": PARTITION_ID})})
                 messages = [Message(query, dst_node_id=n, message_type=MessageType.QUERY) for n in new]
                 for reply in self.grid.send_and_receive(messages, timeout=self.wait_for_nodes):
-                    node = reply.metadata.src_node_id
-                    if reply.has_error():
-                        raise ConfigError(f"flower: node {node} cannot run the client: {reply.error.reason}")
-                    asked.add(node)
-                    pid = int(reply.content.config_records[CONFIG][PARTITION_ID])
-                    if pid in self.nodes:
-                        raise ConfigError(
-                            f"flower: nodes {self.nodes[pid]} and {node} both hold {PARTITION_ID}={pid}; "
-                            "give every SuperNode its own --node-config partition-id"
-                        )
-                    self.nodes[pid] = node
+                    self._register(reply)
+                    asked.add(reply.metadata.src_node_id)
                 continue
             if time.monotonic() > deadline:
-                missing = sorted(set(range(num_clients)) - set(self.nodes))
+                parts = self._parts or num_clients
+                missing = sorted(set(range(parts)) - set(self._partitions))
                 raise ConfigError(
                     f"flower: no node with {PARTITION_ID} in {missing} after {self.wait_for_nodes:.0f} s; "
-                    f"start one SuperNode per client (data.num_clients={num_clients})"
+                    f"start one SuperNode per partition ({NUM_PARTITIONS}={parts}; data.num_clients="
+                    f"{num_clients})"
                 )
             time.sleep(0.5)
+        self.nodes = {c: self._partitions[c % self._parts] for c in range(num_clients)}
+
+    def _register(self, reply: Message) -> None:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            raise ConfigError(f"flower: node {node} cannot run the client: {reply.error.reason}")
+        answer = reply.content.config_records[CONFIG]
+        pid, parts = int(answer[PARTITION_ID]), int(answer[NUM_PARTITIONS])
+        if self._parts and parts != self._parts:
+            raise ConfigError(
+                f"flower: node {node} has {NUM_PARTITIONS}={parts}, others {self._parts}; give every "
+                f"SuperNode the same --node-config {NUM_PARTITIONS}"
+            )
+        if pid in self._partitions:
+            raise ConfigError(
+                f"flower: nodes {self._partitions[pid]} and {node} both hold {PARTITION_ID}={pid}; "
+                "give every SuperNode its own --node-config partition-id"
+            )
+        self._parts = parts
+        self._partitions[pid] = node
 
     def _send(
         self, engine: Engine, kind: str, round: int, payloads: dict[int, Payload]
@@ -115,13 +134,19 @@ class FlowerExecutor(Executor):
             messages.append(
                 Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round))
             )
-        node_to_client = {n: c for c, n in self.nodes.items()}
         replies: dict[int, Message | str] = {cid: "no reply" for cid in payloads}
-        received: Iterable[Message] = self.grid.send_and_receive(messages, timeout=self.timeout)
-        for reply in received:
-            cid = node_to_client.get(reply.metadata.src_node_id, -1)
-            if cid in replies:
-                replies[cid] = reply.error.reason if reply.has_error() else reply
+        # a node gets one message at a time: the messages of a node's clients go out in turns
+        turns: dict[int, list[Message]] = {}
+        for message in messages:
+            turns.setdefault(message.metadata.dst_node_id, []).append(message)
+        for wave in itertools.zip_longest(*turns.values()):
+            sent = [m for m in wave if m is not None]
+            for_client = {m.metadata.dst_node_id: cid_of(m) for m in sent}
+            received: Iterable[Message] = self.grid.send_and_receive(sent, timeout=self.timeout)
+            for reply in received:
+                cid = for_client.get(reply.metadata.src_node_id, -1)
+                if cid in replies:
+                    replies[cid] = reply.error.reason if reply.has_error() else reply
         return replies
 
     # ------------------------------------------------------------------------------ train
@@ -177,9 +202,14 @@ class FlowerExecutor(Executor):
         return per, merged
 
 
-def node_answer(pid: int, num_clients: int, msg: Message) -> Message:
-    """A node's reply to a ``query``: which partition (client id) it holds."""
-    reply = ConfigRecord({PARTITION_ID: pid, NUM_PARTITIONS: num_clients})
+def cid_of(message: Message) -> int:
+    """The client id a ``train``/``evaluate`` message is for."""
+    return int(message.content.config_records[CONFIG]["client-id"])
+
+
+def node_answer(pid: int, parts: int, msg: Message) -> Message:
+    """A node's reply to a ``query``: its partition id and the number of partitions."""
+    reply = ConfigRecord({PARTITION_ID: pid, NUM_PARTITIONS: parts})
     return Message(RecordDict({CONFIG: reply}), reply_to=msg)
 
 

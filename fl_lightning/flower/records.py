@@ -7,7 +7,8 @@ e.g. SCAFFOLD's ``{"weights": ..., "control": ...}``) travel in it as one ``Arra
 ``ArrayRecord`` ``fl.train_state`` (its training-metric states, merged by state on the server); an evaluate
 reply carries the metric states of the client's deployed model as ``fl.eval_state``.
 A client's persistent state (``ctx.state``: SCAFFOLD's ``c_i``, personal layers) is kept between rounds
-in the node's ``context.state`` as the ``ArrayRecord`` ``fl.client_state``.
+in its node's ``context.state`` as the ``ArrayRecord`` ``fl.client_state.<client id>`` (a node may host
+several clients).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ METRICS = "fl.metrics"
 TRAIN_STATE = "fl.train_state"
 #: ``ArrayRecord`` of an evaluate reply: the metric states of the client's deployed model.
 EVAL_STATE = "fl.eval_state"
-#: ``ArrayRecord`` in the node's ``context.state``: the client's persistent state.
+#: ``ArrayRecord`` in the node's ``context.state``: a client's persistent state (``<CLIENT_STATE>.<id>``).
 CLIENT_STATE = "fl.client_state"
 #: ``MetricRecord`` key of a reply's aggregation weight (Flower's convention).
 NUM_EXAMPLES = "num-examples"
@@ -79,15 +80,16 @@ def metrics_to_record(metrics: Mapping[str, float], num_examples: int) -> Metric
     return MetricRecord({**{k: float(v) for k, v in metrics.items()}, NUM_EXAMPLES: int(num_examples)})
 
 
-def save_client_state(store: RecordDict, state: Mapping[str, Tensor]) -> None:
-    """Keep a client's state in the node's ``context.state`` (an empty state removes it)."""
+def save_client_state(store: RecordDict, client_id: int, state: Mapping[str, Tensor]) -> None:
+    """Keep a client's state in its node's ``context.state`` (an empty state removes it)."""
+    key = f"{CLIENT_STATE}.{client_id}"
     if state:
-        store[CLIENT_STATE] = tensors_to_record(state)
-    elif CLIENT_STATE in store:
-        del store[CLIENT_STATE]
+        store[key] = tensors_to_record(state)
+    elif key in store:
+        del store[key]
 
 
-def load_client_state(store: RecordDict) -> dict[str, Tensor]:
+def load_client_state(store: RecordDict, client_id: int) -> dict[str, Tensor]:
     """The client's state kept by :func:`save_client_state` (empty before its first round)."""
-    record = store.array_records.get(CLIENT_STATE)
+    record = store.array_records.get(f"{CLIENT_STATE}.{client_id}")
     return {} if record is None else record_to_tensors(record)

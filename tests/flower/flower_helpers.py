@@ -36,6 +36,7 @@ class LocalGrid:
             for pid in range(num_nodes)
         }
         self.sent: list[Message] = []
+        self.turns: list[list[Message]] = []  # the messages of each send_and_receive
         self.fail_train: set[int] = set()
 
     def get_node_ids(self) -> list[int]:
@@ -43,6 +44,8 @@ class LocalGrid:
 
     def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
         replies = []
+        messages = list(messages)
+        self.turns.append(messages)
         for msg in messages:
             self.sent.append(msg)
             try:

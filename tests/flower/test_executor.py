@@ -72,10 +72,11 @@ def test_scaffold_keeps_the_client_control_in_the_node_context(tmp_path):
     module, grid = _run(tmp_path, SCAFFOLD, rounds=1)
     trained = sample_clients(4, 2, 0, 0)
     for node, ctx in grid.contexts.items():
-        held = CLIENT_STATE in ctx.state.array_records
+        key = f"{CLIENT_STATE}.{node - 1000}"
+        held = key in ctx.state.array_records
         assert held == (node - 1000 in trained)
         if held:
-            names = set(ctx.state.array_records[CLIENT_STATE].keys())
+            names = set(ctx.state.array_records[key].keys())
             assert names == {f"control/{n}" for n, _ in module.client.named_parameters()}
     assert len(module.store) == 0  # the server holds no client state: it stays on the nodes
     # the server's control moved: c = |S|/N mean(Delta c_i) after round 0
@@ -106,10 +107,27 @@ def test_nodes_must_cover_every_partition():
         FlowerExecutor(grid, wait_for_nodes=0.2).discover(4)
 
 
-def test_num_partitions_must_match_the_config():
-    grid = LocalGrid(client_app(RECIPE), 4, node_config={"num-partitions": 5})
+def test_num_partitions_cannot_exceed_the_clients():
+    grid = LocalGrid(client_app(RECIPE), 5)
     with pytest.raises(ConfigError, match="num-partitions=5 does not fit data.num_clients=4"):
         FlowerExecutor(grid, wait_for_nodes=1).discover(4)
+
+
+@pytest.mark.parametrize("overrides", [[], SCAFFOLD], ids=["fedavg", "scaffold"])
+def test_fewer_nodes_than_clients_host_several_clients_each(tmp_path, overrides):
+    """Flower's default local simulation has 2 SuperNodes: node p hosts clients p and p + 2 (each with its
+    own state), gets one message at a time, and the run equals fit."""
+    grid = LocalGrid(client_app(RECIPE, overrides), 2)
+    module, _ = _run(tmp_path / "flower", overrides, grid=grid)
+    fit = fit_run(tmp_path / "fit", overrides=overrides)
+    assert max_diff(dict(module.client.state_dict()), dict(fit.client.state_dict())) == 0.0
+    trained = {c for r in range(3) for c in sample_clients(4, 2, 0, r)}
+    if overrides:  # SCAFFOLD's c_i of each hosted client, under its own key on its node
+        held = {int(k.rsplit(".", 1)[1]) for ctx in grid.contexts.values() for k in ctx.state.array_records}
+        assert held == trained
+    for turn in grid.turns:  # one message per node per exchange
+        nodes = [m.metadata.dst_node_id for m in turn]
+        assert len(nodes) == len(set(nodes))
 
 
 def test_evaluate_sends_every_client_the_global_weights(tmp_path):

@@ -74,16 +74,19 @@ def test_train_state_round_trips():
         assert all(torch.equal(back[k][s], state[k][s]) for s in state[k])
 
 
-def test_client_state_is_kept_in_the_context_state_and_removed_when_empty():
+def test_client_state_is_kept_per_client_in_the_context_state_and_removed_when_empty():
     store = RecordDict()
-    assert load_client_state(store) == {}
+    assert load_client_state(store, 3) == {}
     state = {"control/w": torch.randn(2, 2), "personal/head.bias": torch.zeros(3)}
-    save_client_state(store, state)
-    assert isinstance(store[CLIENT_STATE], ArrayRecord)
-    back = load_client_state(store)
+    other = {"control/w": torch.ones(2, 2)}
+    save_client_state(store, 3, state)
+    save_client_state(store, 5, other)  # a node hosting two clients keeps both
+    assert isinstance(store[f"{CLIENT_STATE}.3"], ArrayRecord)
+    back = load_client_state(store, 3)
     assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
-    save_client_state(store, {})
-    assert CLIENT_STATE not in store
+    assert torch.equal(load_client_state(store, 5)["control/w"], other["control/w"])
+    save_client_state(store, 3, {})
+    assert f"{CLIENT_STATE}.3" not in store and f"{CLIENT_STATE}.5" in store
 
 
 def test_metrics_record_carries_the_aggregation_weight():
