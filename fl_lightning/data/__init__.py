@@ -1,5 +1,6 @@
 """Federated data: datasets, partitioners, the federated LightningDataModule."""
 
+from fl_lightning.data import fashion_mnist as fashion_mnist  # registers the "fashion_mnist" dataset
 from fl_lightning.data import tiny_imagenet as tiny_imagenet  # registers the "tiny_imagenet" dataset
 from fl_lightning.data.datasets import DatasetSplits, list_datasets, load_dataset, register_dataset
 from fl_lightning.data.federated import ClientData, FederatedDataModule, RoundLoader

@@ -4,7 +4,9 @@ Every loader returns a :class:`DatasetSplits` whose images are ``float32 [N, C, 
 normalised per channel with the mean and standard deviation of the training split, and whose labels
 are ``int64`` tensors. Loaders are registered by name with :func:`register_dataset` and called via
 :func:`load_dataset`. ``digits`` ships with scikit-learn (no download); the torchvision datasets read
-the files torchvision itself downloads (torchvision is imported lazily, inside the loaders).
+the files torchvision itself downloads (torchvision is imported lazily, inside the loaders);
+``fashion_mnist`` (:mod:`fl_lightning.data.fashion_mnist`) also reads the files of Debian's
+``dataset-fashion-mnist`` package in place.
 """
 
 from __future__ import annotations
@@ -239,12 +241,6 @@ def _load_torchvision(
 def _load_mnist(root: Path, download: bool) -> DatasetSplits:
     """MNIST (LeCun et al., 1998): 60k/10k 28x28 grey digits, 10 classes, via torchvision."""
     return _load_torchvision("mnist", "MNIST", 10, root, download)
-
-
-@register_dataset("fashion_mnist")
-def _load_fashion_mnist(root: Path, download: bool) -> DatasetSplits:
-    """Fashion-MNIST (Xiao et al., 2017): 60k/10k 28x28 grey clothing images, 10 classes."""
-    return _load_torchvision("fashion_mnist", "FashionMNIST", 10, root, download)
 
 
 @register_dataset("cifar10")

@@ -119,7 +119,9 @@ class FederatedDataModule(LightningDataModule):
             fashion_mnist, digits, tiny_imagenet, flair), e.g. ``--data.dataset=synthetic:cifar100``
             runs a CIFAR-100 config anywhere. FLAIR configs also need a partition other than
             ``NaturalUsers`` (e.g. ``--data.partition=IID``).
-        root: Folder holding (or receiving) the torchvision dataset files.
+        root: Folder holding (or receiving) the torchvision dataset files. ``fashion_mnist`` is also
+            found, read in place, in Debian's ``dataset-fashion-mnist`` package
+            (``/usr/share/datasets/fashion-mnist/``), also when ``root`` is empty.
         download: Let torchvision download missing files (needs network).
         num_clients: Number of clients ``m`` in the federation.
         partition: How the training set is split over clients (``Dirichlet``, ``IID``,

@@ -6,6 +6,7 @@ tests under ``tmp_path``, in the layout torchvision 0.29 expects.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pickle
@@ -95,7 +96,7 @@ def test_register_dataset_adds_a_loader(tmp_path):
     assert load_dataset("_tiny_test", tmp_path).input_shape == (1, 2, 2)
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "cifar100"])
 def test_missing_files_name_the_root(tmp_path, name):
     with pytest.raises(
         ConfigError, match=rf"data\.dataset='{name}': no files under data\.root='.*'.*data\.download=true"
@@ -104,13 +105,15 @@ def test_missing_files_name_the_root(tmp_path, name):
 
 
 # ----------------------------------------------------------------------------------- MNIST (IDX files)
-def write_idx_images(path: Path, images: np.ndarray) -> None:
+def write_idx_images(path: Path, images: np.ndarray, compress: bool = False) -> None:
     n, h, w = images.shape
-    path.write_bytes(struct.pack(">IIII", 2051, n, h, w) + images.astype(np.uint8).tobytes())
+    data = struct.pack(">IIII", 2051, n, h, w) + images.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(data) if compress else data)
 
 
-def write_idx_labels(path: Path, labels: np.ndarray) -> None:
-    path.write_bytes(struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes())
+def write_idx_labels(path: Path, labels: np.ndarray, compress: bool = False) -> None:
+    data = struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(data) if compress else data)
 
 
 @pytest.mark.parametrize(("name", "folder"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
@@ -137,6 +140,178 @@ def test_mnist_family_from_idx_files(tmp_path, name, folder):
     np.testing.assert_allclose(d.train_x.numpy(), exp_train, atol=1e-5)
     np.testing.assert_allclose(d.test_x.numpy(), exp_test, atol=1e-5)
     assert abs(d.train_x.mean().item()) < 1e-5
+
+
+# ------------------------------------------------------------------ Fashion-MNIST (data.root or Debian)
+FMNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def tiny_fmnist(seed: int = 0) -> tuple[np.ndarray, ...]:
+    """20 train and 10 test 28x28 images with labels covering the 10 classes."""
+    rng = np.random.default_rng(seed)
+    train_x = rng.integers(0, 256, size=(20, 28, 28), dtype=np.uint8)
+    test_x = rng.integers(0, 256, size=(10, 28, 28), dtype=np.uint8)
+    return train_x, rng.permutation(np.arange(20) % 10), test_x, rng.permutation(10)
+
+
+def write_fmnist(folder: Path, arrays: tuple[np.ndarray, ...], compress: bool) -> list[Path]:
+    """The four IDX files of ``arrays`` in ``folder`` (``.gz`` names when compressed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / (name + (".gz" if compress else "")) for name in FMNIST_FILES]
+    for path, arr in zip(paths, arrays):
+        (write_idx_images if arr.ndim == 3 else write_idx_labels)(path, arr, compress)
+    return paths
+
+
+@pytest.fixture
+def debian(tmp_path, monkeypatch) -> Path:
+    """Debian's folder moved under tmp_path (empty until a test writes there), so tests never see the
+    package's real files."""
+    from fl_lightning.data import fashion_mnist
+
+    folder = tmp_path / "usr-share-datasets-fashion-mnist"
+    monkeypatch.setattr(fashion_mnist, "DEBIAN_FOLDER", folder)
+    return folder
+
+
+def fmnist_module(root: str | None = None):
+    from fl_lightning.data import IID, FederatedDataModule
+
+    kw = {} if root is None else {"root": root}
+    dm = FederatedDataModule(dataset="fashion_mnist", num_clients=2, partition=IID(), **kw)
+    dm.setup("fit")
+    return dm
+
+
+def torchvision_reference(tmp_path: Path, arrays: tuple[np.ndarray, ...]) -> DatasetSplits:
+    """What torchvision's FashionMNIST (uncompressed files in its layout) gives through the old loader."""
+    from fl_lightning.data.datasets import _load_torchvision
+
+    ref = tmp_path / "reference"
+    write_fmnist(ref / "FashionMNIST" / "raw", arrays, compress=False)
+    return _load_torchvision("fashion_mnist", "FashionMNIST", 10, ref, download=False)
+
+
+def assert_same_splits(a: DatasetSplits, b: DatasetSplits) -> None:
+    for field in ("train_x", "train_y", "test_x", "test_y"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and torch.equal(x, y), field
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_fashion_mnist_from_the_data_root_layout_equals_torchvision(tmp_path, debian, compress):
+    arrays = tiny_fmnist()
+    write_fmnist(tmp_path / "root" / "FashionMNIST" / "raw", arrays, compress)
+    dm = fmnist_module(str(tmp_path / "root"))
+    assert dm.splits.train_x.shape == (20, 1, 28, 28) and dm.num_classes == 10
+    assert_same_splits(dm.splits, torchvision_reference(tmp_path, arrays))
+    assert sum(c.num_samples + c.test_idx.numel() for c in dm.clients) == 20
+
+
+@pytest.mark.parametrize("root", ["", None])  # empty, and unset (the default "data", absent here)
+def test_fashion_mnist_from_the_debian_folder_in_place(tmp_path, debian, monkeypatch, root):
+    arrays = tiny_fmnist(1)
+    write_fmnist(debian, arrays, compress=True)  # the package ships the .gz files
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = sorted(tmp_path.rglob("*"))
+    dm = fmnist_module(root)
+    assert_same_splits(dm.splits, torchvision_reference(tmp_path, arrays))
+    after = sorted(p for p in tmp_path.rglob("*") if "reference" not in p.parts)
+    assert after == before  # read in place: nothing copied or extracted anywhere
+
+
+def test_fashion_mnist_prefers_a_complete_data_root_over_the_debian_folder(tmp_path, debian):
+    write_fmnist(debian, tiny_fmnist(1), compress=True)
+    mine = tiny_fmnist(2)
+    raw = tmp_path / "root" / "FashionMNIST" / "raw"
+    write_fmnist(raw, mine, compress=False)
+    assert torch.equal(load_dataset("fashion_mnist", tmp_path / "root").train_y, torch.from_numpy(mine[1]))
+    (raw / FMNIST_FILES[3]).unlink()  # an incomplete copy in data.root: the Debian files are read
+    d = load_dataset("fashion_mnist", tmp_path / "root")
+    assert torch.equal(d.train_y, torch.from_numpy(tiny_fmnist(1)[1]))
+
+
+def test_fashion_mnist_missing_files_is_one_line_naming_both_fixes(tmp_path, debian):
+    with pytest.raises(ConfigError) as err:
+        fmnist_module(str(tmp_path))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("data.dataset='fashion_mnist': no Fashion-MNIST files in")
+    assert f"data.root='{tmp_path}'" in msg and str(debian) in msg
+    assert "apt-get install dataset-fashion-mnist" in msg and "data.download=true" in msg
+
+
+def test_fashion_mnist_downloads_only_when_no_folder_has_the_files(tmp_path, debian, monkeypatch):
+    from fl_lightning.data import fashion_mnist
+
+    calls = []
+    monkeypatch.setattr(fashion_mnist, "_load_torchvision", lambda *a, **k: calls.append(a) or "fetched")
+    assert load_dataset("fashion_mnist", tmp_path, download=True) == "fetched"
+    assert calls == [("fashion_mnist", "FashionMNIST", 10, tmp_path)]
+    write_fmnist(debian, tiny_fmnist(), compress=True)
+    assert load_dataset("fashion_mnist", tmp_path, download=True).train_x.shape == (20, 1, 28, 28)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("cut", [1, 300])
+def test_fashion_mnist_truncated_file_is_one_line_naming_it(tmp_path, debian, compress, cut):
+    paths = write_fmnist(debian, tiny_fmnist(), compress)
+    data = paths[2].read_bytes()
+    paths[2].write_bytes(data[:-cut])
+    with pytest.raises(ConfigError) as err:
+        load_dataset("fashion_mnist", "")
+    msg = str(err.value)
+    assert "\n" not in msg and f"cannot read {paths[2]}:" in msg
+    assert "apt-get install --reinstall dataset-fashion-mnist" in msg
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x00\x00\x0d\x01" + struct.pack(">I", 4) + bytes(16), "not an IDX file of unsigned bytes"),
+        (struct.pack(">II", 2049, 20) + bytes(21), "trailing bytes"),
+        (struct.pack(">I", 2051) + bytes(2), "truncated header"),
+    ],
+    ids=["not-ubyte", "trailing-bytes", "short-header"],
+)
+def test_fashion_mnist_corrupt_file_names_it_and_what_is_wrong(tmp_path, debian, content, message):
+    paths = write_fmnist(tmp_path / "root" / "FashionMNIST" / "raw", tiny_fmnist(), compress=False)
+    paths[1].write_bytes(content)
+    with pytest.raises(ConfigError, match=rf"cannot read {paths[1]}: {message}.*data\.download=true"):
+        load_dataset("fashion_mnist", tmp_path / "root")
+
+
+def test_fashion_mnist_files_that_do_not_belong_together_are_refused(tmp_path, debian):
+    train_x, train_y, test_x, test_y = tiny_fmnist()
+    write_fmnist(debian, (train_x, train_y[:-1], test_x, test_y), compress=True)
+    with pytest.raises(ConfigError, match=r"has 20 images but .*train-labels-idx1-ubyte.gz has 19 labels"):
+        load_dataset("fashion_mnist", "")
+    write_fmnist(debian, (train_x, train_y + 1, test_x, test_y), compress=True)
+    with pytest.raises(ConfigError, match=r"train-labels-idx1-ubyte.gz has label 10, outside 0\.\.9"):
+        load_dataset("fashion_mnist", "")
+    write_fmnist(debian, (train_x, train_y, test_y, test_y), compress=True)
+    with pytest.raises(ConfigError, match=r"t10k-images-idx3-ubyte.gz holds a 1-d array where 3-d images"):
+        load_dataset("fashion_mnist", "")
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").is_file(),
+    reason="Debian's dataset-fashion-mnist package is not installed",
+)
+def test_fashion_mnist_real_files_of_the_debian_package_load():
+    d = load_dataset("fashion_mnist", "")
+    assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
+    assert d.num_classes == 10 and d.train_x.dtype == torch.float32
+    assert torch.bincount(d.train_y).tolist() == [6000] * 10
+    assert torch.bincount(d.test_y).tolist() == [1000] * 10
 
 
 # --------------------------------------------------------------------------------- CIFAR (pickles)
