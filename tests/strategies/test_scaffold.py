@@ -1,4 +1,5 @@
-"""SCAFFOLD: round 0 is FedAvg bit for bit; option-II variates by hand; 2x communication; resume."""
+"""SCAFFOLD: round 0 is FedAvg bit for bit; option-II variates by hand; c = mean of all c_i (decomposed
+factors); 2x communication; resume."""
 
 import torch
 from drift_helpers import (
@@ -11,10 +12,13 @@ from drift_helpers import (
 )
 from torch import nn
 
+from fl_lightning import ClientModule, FederatedModule
 from fl_lightning.engine.local import LocalConfig, train_client
+from fl_lightning.functional.sampling import sample_clients
+from fl_lightning.models import Decomposed, LeNet
 from fl_lightning.strategies import FedAvg, RoundInfo, Scaffold
 
-from conftest import global_weights, make_module
+from conftest import global_weights, make_data, make_module
 
 W = "net.weight"
 
@@ -88,6 +92,32 @@ def test_server_control_update_by_hand():
     torch.testing.assert_close(strategy.control["weight"], torch.tensor([[1.5]]))
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[2.0]]))  # x + mean(y_i - x)
     assert strategy.weighting("control") == "uniform" and strategy.weighting("weights") == "samples"
+
+
+def test_decomposed_factors_keep_c_the_mean_of_all_client_variates(fit):
+    # Alg. 1 line 17 with every c_i zero at the start keeps c = (1/N) sum_i c_i. The atoms and
+    # coefficients of a decomposed network are separate parameters, each with its own variates: the
+    # invariant holds for them too, with partial participation (a client sampled twice uploads
+    # Delta c_i = c_i+ - c_i; one never sampled has c_i = 0).
+    torch.manual_seed(0)
+    lenet = LeNet(
+        in_channels=1, num_classes=10, widths=[4, 8], hidden=[16, 8], dropout=0.3, input_size=8, padding=2
+    )
+    client = ClientModule(Decomposed(lenet, num_atoms=3), lr=0.03, momentum=0.0)
+    module = FederatedModule(client=client, strategy=Scaffold(), participation=0.25, local_steps=3)
+    num_clients = 8
+    fit(module, make_data(num_clients=num_clients), rounds=4)  # 4 x 2 draws of 8 clients
+    control = module.strategy.control.as_dict()
+    assert any(n.endswith(".atoms") for n in control) and any(n.endswith(".coefficients") for n in control)
+    draws = [sample_clients(num_clients, 2, 0, r) for r in range(4)]
+    sampled = [c for d in draws for c in d]
+    assert len(set(sampled)) < len(sampled) and len(set(sampled)) < num_clients  # repeats and never-sampled
+    states = [module.store.get(i) for i in range(num_clients)]
+    assert {i for i, s in enumerate(states) if s} == set(sampled)
+    for name, c in control.items():
+        assert c.abs().max() > 0, name
+        mean = sum(s.get("control/" + name, torch.zeros_like(c)) for s in states) / num_clients
+        torch.testing.assert_close(c, mean, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_scaffold_communicates_two_models_each_way(fit):
