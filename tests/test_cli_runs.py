@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import metadata
+from torch.utils.tensorboard import SummaryWriter
 
 from fl_lightning import cli
 from fl_lightning.callbacks import FederatedSummary
@@ -100,6 +102,9 @@ def resumed(tmp_path_factory):
     root = tmp_path_factory.mktemp("resumed")
     run_cli(root, "fit", "--trainer.max_steps=2", *TINY, *EVERY_ROUND)
     run = root / "lightning_logs" / "version_0"
+    stray = SummaryWriter(str(run))  # what a run killed in round 3 logged before its last.ckpt (round 2)
+    stray.add_scalar("round/clients", 999.0, 3)
+    stray.close()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         args = ["fit", "--trainer.max_steps=3", *TINY, *EVERY_ROUND]
@@ -111,10 +116,10 @@ def resumed(tmp_path_factory):
 
 def test_a_resumed_run_continues_in_its_own_folder_with_its_steps_going_on(resumed):
     run = resumed["run"]
-    assert len(list(run.glob("events.out.tfevents.*"))) == 2  # one TensorBoard run, appended to
+    assert len(list(run.glob("events.out.tfevents.*"))) == 3  # one TensorBoard run, appended to
     scalars = read_scalars(run)
     assert [step for step, _ in scalars["global/acc"]] == [1, 2, 3]
-    assert [step for step, _ in scalars["round/clients"]] == [1, 2, 3]
+    assert scalars["round/clients"] == [(1, 4.0), (2, 4.0), (3, 4.0)]  # the stray round 3 is dropped
     summary = read_summary(run)
     assert (summary["rounds"], summary["rounds_this_run"], summary["interrupted"]) == (3, 1, False)
     best = max(scalars["global/acc"], key=lambda p: p[1])
@@ -264,7 +269,8 @@ def console(capfd, monkeypatch):
     """``read()``: ``(stdout, stderr and every warning issued)`` since the last read.
 
     Lightning's log handlers are pointed at the captured stderr (they hold the ``sys.stderr`` of the
-    moment Lightning was imported), and warnings are recorded however often they were issued before.
+    moment Lightning was imported), and the warnings a user would see are recorded however often they
+    were issued before.
     """
     monkeypatch.setattr(sys, "argv", ["fl_lightning"])  # not pytest's (LightningCLI warns about both)
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -272,7 +278,9 @@ def console(capfd, monkeypatch):
             if type(handler) is logging.StreamHandler:
                 monkeypatch.setattr(handler, "stream", sys.stderr)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always")  # every warning a user sees, however often it was issued before
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # hidden by Python's defaults...
+        warnings.filterwarnings("always", category=LightningDeprecationWarning)  # ...Lightning's shown
 
         def read() -> tuple[str, str]:
             out, err = capfd.readouterr()

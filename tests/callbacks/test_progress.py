@@ -1,20 +1,25 @@
 import logging
 
+from lightning.pytorch.loggers import TensorBoardLogger
+
 from fl_lightning.callbacks import FederatedProgressBar
 from fl_lightning.callbacks import progress as progress_module
 
 from conftest import make_data, make_module, make_trainer
 
 
-def test_on_a_terminal_the_bar_counts_rounds_not_epochs(tmp_path, monkeypatch):
+def test_on_a_terminal_the_bar_counts_rounds_not_epochs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(progress_module, "interactive", lambda stream: True)
     bar = FederatedProgressBar()
-    trainer = make_trainer(tmp_path, rounds=3, enable_progress_bar=True, callbacks=[bar])
+    logger = TensorBoardLogger(tmp_path)
+    trainer = make_trainer(tmp_path, rounds=3, enable_progress_bar=True, callbacks=[bar], logger=logger)
     trainer.fit(make_module(), datamodule=make_data())
     main = bar.train_progress_bar
     assert (main.desc, main.n, main.total) == ("round", 3, 3)
-    assert "clients=4/4" in main.postfix and "v_num" not in main.postfix and "global/acc" in main.postfix
-    assert bar.val_progress_bar.disable  # the per-round evaluation draws no bar of its own
+    assert "clients=4/4" in main.postfix and "global/acc" in main.postfix
+    drawn = capsys.readouterr().out
+    assert "round: 100%" in drawn and "v_num" not in drawn and "Epoch" not in drawn
+    assert "Validation" not in drawn  # the per-round evaluation draws no bar of its own
 
 
 def test_without_a_terminal_a_line_per_tenth_of_the_run_and_every_round_at_debug(
