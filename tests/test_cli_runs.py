@@ -59,15 +59,37 @@ def test_claim_version_takes_the_next_free_number_and_skips_one_taken_meanwhile(
     assert {p.name for p in tmp_path.iterdir()} >= {"version_3", "version_4", "version_5"}
 
 
+#: ``python -c`` program: ``main()`` whose trainer (and run folder) is made only once both runs got there.
+TOGETHER = """
+import sys, time
+from pathlib import Path
+from fl_lightning import cli
+build = cli.FederatedCLI._instantiate_trainer
+def together(self, config, callbacks):
+    ready = Path(sys.argv[1])
+    ready.touch()
+    waited = 0.0
+    while len(list(ready.parent.glob("*.ready"))) < 2 and waited < 300:
+        time.sleep(0.01)
+        waited += 0.01
+    return build(self, config, callbacks)
+cli.FederatedCLI._instantiate_trainer = together
+cli.main(sys.argv[2:])
+"""
+
+
 @pytest.mark.slow
 def test_two_fits_started_together_get_their_own_folders(tmp_path):
+    """Both runs choose their folder at the same moment (a barrier before the Trainer is made)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    (tmp_path / "barrier").mkdir()
     procs = [
         subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "fl_lightning",
+                "-c",
+                TOGETHER,
+                str(tmp_path / "barrier" / f"{s}.ready"),
                 "fit",
                 "--trainer.max_steps=2",
                 *TINY,
