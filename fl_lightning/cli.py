@@ -223,7 +223,7 @@ class FederatedCLI(LightningCLI):
         finally:
             self.save_config_callback = saver
         # run folders that do not exist yet: a run that fails before its first round removes them
-        dirs = (getattr(lg, "log_dir", None) for lg in trainer.loggers)
+        dirs = [getattr(lg, "log_dir", None) for lg in trainer.loggers]  # claims fit's folder (_place_run)
         self._new_log_dirs = [Path(d) for d in dirs if d and not Path(d).exists()] + self._claimed
         return trainer
 
@@ -232,8 +232,9 @@ class FederatedCLI(LightningCLI):
 
         Lightning picks the next ``version_N`` by listing the folder and creates it only when it first
         writes, so two runs started together took the same one. Here the folder is created with
-        ``os.mkdir`` (retried with the next number if another run took it) and handed to the logger
-        (the default TensorBoard logger, or a TensorBoard/CSV logger given without a version).
+        ``os.mkdir`` (retried with the next number if another run took it) when the logger (the default
+        TensorBoard logger, or a TensorBoard/CSV logger given without a version) first needs its
+        version, i.e. once the Trainer exists: a Trainer refused by Lightning leaves no folder.
 
         ``--ckpt_path <run>/checkpoints/<file>.ckpt`` continues in ``<run>`` when the checkpoint is the
         run's newest state (as many rounds as its ``last.ckpt``, or more): one TensorBoard run whose
@@ -267,7 +268,36 @@ class FederatedCLI(LightningCLI):
             config["logger"] = TensorBoardLogger(save_dir=str(root.parent), name=root.name, version=None)
             logger = config["logger"]
         for lg in logger if isinstance(logger, list) else [logger]:
-            self._claimed += _assign_version(lg, resume[0] if resume else None)
+            self._claim_on_first_use(lg, resume[0] if resume else None)
+
+    def _claim_on_first_use(self, logger: Logger, resumed: Path | None) -> None:
+        """Have a TensorBoard/CSV ``logger`` without a version claim its ``version_N`` when it needs one.
+
+        Its folder is the resumed run's when that lies in the logger's folder. Only the process of global
+        rank 0 claims: the others write no logs, and Lightning hands them rank 0's folder where one is
+        needed (``trainer.log_dir``, checkpoint folders).
+        """
+        if not isinstance(logger, (TensorBoardLogger, CSVLogger)) or logger._version is not None:
+            return
+        root = Path(logger.root_dir).resolve()
+        if resumed is not None and resumed.parent == root:
+            logger._version = resumed.name
+            return
+        if rank_zero_only.rank != 0:
+            return
+
+        def claim() -> int:
+            try:
+                n = _claim_version(root)
+            except OSError as err:
+                raise ConfigError(
+                    f"trainer.logger: cannot create a run folder in {root} ({err.strerror or err}); "
+                    "choose a writable save_dir"
+                ) from None
+            self._claimed.append(root / f"version_{n}")
+            return n
+
+        logger._get_next_version = claim  # what the logger calls for its version, the first time
 
     def _undo_run_folder(self) -> None:
         """A run refused before its first round leaves no trace: its claimed folder, its new event files."""
@@ -310,6 +340,7 @@ class FederatedCLI(LightningCLI):
             callbacks = [*callbacks, FederatedProgressBar()]
         if config.get("enable_checkpointing") is not False:
             callbacks = [*callbacks, *_last_round_checkpoint(given)]
+        name_checkpoints_by_round(given)
         callbacks = [*callbacks, *self._summary_callback(given)]
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
@@ -323,15 +354,9 @@ class FederatedCLI(LightningCLI):
         return trainer
 
     def _summary_callback(self, given: list[Callback]) -> list[Callback]:
-        """A :class:`FederatedSummary` unless one is given, with the run's config as its hyperparameters.
-
-        Every ``ModelCheckpoint`` given without a ``filename`` names its files by round
-        (``round=12.ckpt``, where Lightning would write ``epoch=0-step=12.ckpt``: one epoch holds every
-        round, and the step is the round count).
-        """
-        name_checkpoints_by_round(given)
+        """A :class:`FederatedSummary` unless one is given, with the run's config as its hyperparameters."""
         config = self.config.get(str(self.subcommand), self.config)
-        hparams = flatten_config(config.clone().as_dict() if hasattr(config, "clone") else dict(config))
+        hparams = flatten_config(config.as_dict() if hasattr(config, "as_dict") else dict(config))
         summaries = [c for c in given if isinstance(c, FederatedSummary)]
         for summary in summaries:
             if summary.hparams is None:
@@ -382,8 +407,8 @@ def _check_model_seed(path: Any, seed: int) -> None:
         )
 
 
-def _claim_version(parent: Path) -> str:
-    """Create the next free ``version_N`` folder under ``parent`` and return its name.
+def _claim_version(parent: Path) -> int:
+    """Create the next free ``version_N`` folder under ``parent`` and return its ``N``.
 
     ``os.mkdir`` either creates the folder or fails because it exists, so two runs started together
     never get the same one: the loser tries the next number.
@@ -397,32 +422,7 @@ def _claim_version(parent: Path) -> str:
         except FileExistsError:
             n += 1
             continue
-        return f"version_{n}"
-
-
-def _assign_version(logger: Logger, resumed: Path | None) -> list[Path]:
-    """Set the run folder of a TensorBoard/CSV ``logger`` given without a version; the folders claimed.
-
-    The folder is the resumed run's when it lies in the logger's folder, else a new ``version_N``
-    (claimed by the process of global rank 0 only: the others write no logs, and Lightning hands
-    them rank 0's folder wherever one is needed).
-    """
-    if not isinstance(logger, (TensorBoardLogger, CSVLogger)) or logger._version is not None:
-        return []
-    root = Path(logger.root_dir).resolve()
-    if resumed is not None and resumed.parent == root:
-        logger._version = resumed.name
-        return []
-    if rank_zero_only.rank != 0:
-        return []
-    try:
-        logger._version = _claim_version(root)
-    except OSError as err:
-        raise ConfigError(
-            f"trainer.logger: cannot create a run folder in {root} ({err.strerror or err}); "
-            "choose a writable save_dir"
-        ) from None
-    return [root / logger._version]
+        return n
 
 
 def _resumed_run(ckpt: Any) -> tuple[Path, int] | None:

@@ -45,7 +45,7 @@ def run_cli(root: Path, *args: str) -> None:
 def test_claim_version_takes_the_next_free_number_and_skips_one_taken_meanwhile(tmp_path, monkeypatch):
     for name in ("version_0", "version_2", "other"):
         (tmp_path / name).mkdir()
-    assert cli._claim_version(tmp_path) == "version_3"
+    assert cli._claim_version(tmp_path) == 3
     mkdir = os.mkdir
 
     def taken_first(path, *args):  # another run creates version_4 between our listing and our mkdir
@@ -55,7 +55,7 @@ def test_claim_version_takes_the_next_free_number_and_skips_one_taken_meanwhile(
         return mkdir(path, *args)
 
     monkeypatch.setattr(cli.os, "mkdir", taken_first)
-    assert cli._claim_version(tmp_path) == "version_5"
+    assert cli._claim_version(tmp_path) == 5
     assert {p.name for p in tmp_path.iterdir()} >= {"version_3", "version_4", "version_5"}
 
 
