@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import LightningDeprecationWarning
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import metadata
@@ -116,6 +117,12 @@ def test_two_fits_started_together_get_their_own_folders(tmp_path):
             line for line in (run / "config.yaml").read_text().splitlines() if "seed_everything" in line
         }
     assert seeds == {"seed_everything: 1", "seed_everything: 2"}
+
+
+def test_a_trainer_lightning_refuses_leaves_no_run_folder(tmp_path):
+    with pytest.raises((SystemExit, MisconfigurationException)):  # the CLI may turn it into an error line
+        run_cli(tmp_path, "fit", "--trainer.devices=0", "--trainer.accelerator=cpu")
+    assert not (tmp_path / "lightning_logs").exists()
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,8 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
     Elsewhere (``sys.stdout`` is not a terminal): no bar; after every round a line such as
     ``round 8/40: train/loss 0.41, global/acc 0.9361 (4.2 s)`` is logged to the ``fl_lightning``
     logger, at ``INFO`` for every ``ceil(max_steps / 10)``-th round and the last one, at ``DEBUG`` for
-    the others (``--verbose`` shows them).
+    the others (``--verbose`` shows them). The CLI prints that logger; from Python, configure
+    ``logging`` (e.g. ``logging.basicConfig(level=logging.INFO)``) to see the lines.
 
     Args:
         refresh_rate: As Lightning's ``TQDMProgressBar``.
