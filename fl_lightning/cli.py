@@ -9,9 +9,11 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,10 +22,13 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
+from fl_lightning.callbacks.summary import flatten_config
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
@@ -131,11 +136,9 @@ class FederatedCLI(LightningCLI):
     """
 
     def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
-        defaults = {
-            **TRAINER_DEFAULTS,
-            "callbacks": [FederatedSummary()],
-            **kwargs.pop("trainer_defaults", {}),
-        }
+        defaults = {**TRAINER_DEFAULTS, **kwargs.pop("trainer_defaults", {})}
+        self._claimed: list[Path] = []  # run folders this command created (see _place_run)
+        self._resumed: tuple[Path, set[str]] | None = None  # a run folder continued, and its files before
         super().__init__(
             FederatedModule,
             FederatedDataModule,
@@ -147,7 +150,8 @@ class FederatedCLI(LightningCLI):
             parser_class=FederatedArgumentParser,
             parser_kwargs={
                 "description": "Federated learning on PyTorch Lightning. "
-                "`python -m fl_lightning list` lists the strategies, models, datasets and partitions."
+                "`python -m fl_lightning list` lists the strategies, models, datasets and partitions; "
+                "`--verbose` shows every message Lightning prints and a line per round."
             },
             args=args,
             run=run,
@@ -207,6 +211,8 @@ class FederatedCLI(LightningCLI):
             super()._parse_ckpt_path()
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        if self.subcommand in ("fit", None):  # None: a run built without a subcommand (the Flower ServerApp)
+            self._place_run(config)
         saver = self.save_config_callback
         if self.subcommand not in ("fit", None) and config.get("logger") in (None, True):
             # validate/test/predict log into their checkpoint's run folder, or nowhere
@@ -218,9 +224,91 @@ class FederatedCLI(LightningCLI):
         finally:
             self.save_config_callback = saver
         # run folders that do not exist yet: a run that fails before its first round removes them
-        dirs = (getattr(lg, "log_dir", None) for lg in trainer.loggers)
-        self._new_log_dirs = [Path(d) for d in dirs if d and not Path(d).exists()]
+        dirs = [getattr(lg, "log_dir", None) for lg in trainer.loggers]  # claims fit's folder (_place_run)
+        self._new_log_dirs = [Path(d) for d in dirs if d and not Path(d).exists()] + self._claimed
         return trainer
+
+    def _place_run(self, config: dict[str, Any]) -> None:
+        """Give ``fit`` its own run folder: a new ``version_N`` claimed atomically, or the one it resumes.
+
+        Lightning picks the next ``version_N`` by listing the folder and creates it only when it first
+        writes, so two runs started together took the same one. Here the folder is created with
+        ``os.mkdir`` (retried with the next number if another run took it) when the logger (the default
+        TensorBoard logger, or a TensorBoard/CSV logger given without a version) first needs its
+        version, i.e. once the Trainer exists: a Trainer refused by Lightning leaves no folder.
+
+        ``--ckpt_path <run>/checkpoints/<file>.ckpt`` continues in ``<run>`` when the checkpoint is the
+        run's newest state (as many rounds as its ``last.ckpt``, or more): one TensorBoard run whose
+        steps go on from the checkpoint's rounds (anything the run logged after them, e.g. a round cut
+        short by a kill, is dropped by TensorBoard: ``purge_step``), ``last.ckpt`` and the
+        ``ModelCheckpoint`` best-round tracking carried on, ``config.yaml`` and ``summary.json``
+        rewritten for the run as it now stands. An older checkpoint of the run (resuming from round
+        ``r`` of a run that went further) starts a new folder, so the run's later rounds are kept.
+        """
+        ckpt = self.config.get("fit", self.config).get("ckpt_path")
+        resume = _resumed_run(ckpt)
+        if resume is not None and rank_zero_only.rank == 0:
+            self._resumed = (resume[0], {p.name for p in resume[0].iterdir()})
+        logger = config.get("logger")
+        if logger in (None, True):
+            if resume is not None:
+                run, rounds = resume
+                config["logger"] = TensorBoardLogger(
+                    save_dir=str(run.parent.parent),
+                    name=run.parent.name,
+                    version=run.name,
+                    purge_step=rounds + 1,
+                )
+                # ModelCheckpoint finds its own folder full when a run resumes there: expected
+                warnings.filterwarnings(
+                    "ignore", message=f"Checkpoint directory {re.escape(str(run))}.* exists and is not empty"
+                )
+                return
+            root = Path(config.get("default_root_dir") or os.getcwd(), "lightning_logs")
+            _check_writable(root.parent, "trainer.default_root_dir")
+            config["logger"] = TensorBoardLogger(save_dir=str(root.parent), name=root.name, version=None)
+            logger = config["logger"]
+        for lg in logger if isinstance(logger, list) else [logger]:
+            self._claim_on_first_use(lg, resume[0] if resume else None)
+
+    def _claim_on_first_use(self, logger: Logger, resumed: Path | None) -> None:
+        """Have a TensorBoard/CSV ``logger`` without a version claim its ``version_N`` when it needs one.
+
+        Its folder is the resumed run's when that lies in the logger's folder. Only the process of global
+        rank 0 claims: the others write no logs, and Lightning hands them rank 0's folder where one is
+        needed (``trainer.log_dir``, checkpoint folders).
+        """
+        if not isinstance(logger, (TensorBoardLogger, CSVLogger)) or logger._version is not None:
+            return
+        root = Path(logger.root_dir).resolve()
+        if resumed is not None and resumed.parent == root:
+            logger._version = resumed.name
+            return
+        if rank_zero_only.rank != 0:
+            return
+
+        def claim() -> int:
+            try:
+                n = _claim_version(root)
+            except OSError as err:
+                raise ConfigError(
+                    f"trainer.logger: cannot create a run folder in {root} ({err.strerror or err}); "
+                    "choose a writable save_dir"
+                ) from None
+            self._claimed.append(root / f"version_{n}")
+            return n
+
+        logger._get_next_version = claim  # what the logger calls for its version, the first time
+
+    def _undo_run_folder(self) -> None:
+        """A run refused before its first round leaves no trace: its claimed folder, its new event files."""
+        for d in self._new_log_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        if self._resumed is not None:
+            run, before = self._resumed
+            for path in run.glob("events.out.tfevents.*"):
+                if path.name not in before:
+                    path.unlink(missing_ok=True)
 
     def _evaluation_logger(self) -> TensorBoardLogger | bool:
         """``<run>/<subcommand>/`` for a checkpoint under ``<run>/checkpoints/``; else no logger.
@@ -239,8 +327,7 @@ class FederatedCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         except ConfigError:
             if self.trainer.global_step == 0 and self.trainer.is_global_zero:
-                for d in self._new_log_dirs:
-                    shutil.rmtree(d, ignore_errors=True)
+                self._undo_run_folder()
             raise
 
     def _instantiate_trainer_with_progress_bar(
@@ -254,6 +341,8 @@ class FederatedCLI(LightningCLI):
             callbacks = [*callbacks, FederatedProgressBar()]
         if config.get("enable_checkpointing") is not False:
             callbacks = [*callbacks, *_last_round_checkpoint(given)]
+        name_checkpoints_by_round(given)
+        callbacks = [*callbacks, *self._summary_callback(given)]
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -264,6 +353,16 @@ class FederatedCLI(LightningCLI):
             if logger.save_dir is not None:
                 _check_writable(logger.save_dir, "trainer.logger.init_args.save_dir")
         return trainer
+
+    def _summary_callback(self, given: list[Callback]) -> list[Callback]:
+        """A :class:`FederatedSummary` unless one is given, with the run's config as its hyperparameters."""
+        config = self.config.get(str(self.subcommand), self.config)
+        hparams = flatten_config(config.as_dict() if hasattr(config, "as_dict") else dict(config))
+        summaries = [c for c in given if isinstance(c, FederatedSummary)]
+        for summary in summaries:
+            if summary.hparams is None:
+                summary.hparams = hparams
+        return [] if summaries else [FederatedSummary(hparams=hparams)]
 
     def _set_seed(self) -> None:
         seed = self._get(self.config, "seed_everything")
@@ -309,6 +408,71 @@ def _check_model_seed(path: Any, seed: int) -> None:
         )
 
 
+def _claim_version(parent: Path) -> int:
+    """Create the next free ``version_N`` folder under ``parent`` and return its ``N``.
+
+    ``os.mkdir`` either creates the folder or fails because it exists, so two runs started together
+    never get the same one: the loser tries the next number.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    taken = [int(m.group(1)) for p in parent.iterdir() if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    n = max(taken, default=-1) + 1
+    while True:
+        try:
+            os.mkdir(parent / f"version_{n}")
+        except FileExistsError:
+            n += 1
+            continue
+        return n
+
+
+def _resumed_run(ckpt: Any) -> tuple[Path, int] | None:
+    """``(run folder, rounds)`` when ``fit --ckpt_path`` should continue the checkpoint's own run.
+
+    That is a checkpoint under ``<run>/checkpoints/`` with at least the rounds of the run's ``last.ckpt``
+    (it is ``last.ckpt``, or a newer copy); None for anything else (a new run folder).
+    """
+    if not ckpt or str(ckpt) in _SPECIAL_CKPT_PATHS or "://" in str(ckpt):
+        return None
+    path = Path(ckpt).expanduser().resolve()
+    if path.parent.name != "checkpoints":
+        return None
+    run = path.parent.parent
+    rounds = _rounds(path)
+    last = path.parent / "last.ckpt"
+    if rounds is None or (last != path and last.exists() and (_rounds(last) or 0) > rounds):
+        if rounds is not None:
+            logging.getLogger("fl_lightning").info(
+                "resuming from round %d of %s, which went further: this run gets a new folder", rounds, run
+            )
+        return None
+    return run, rounds
+
+
+def _rounds(path: Path) -> int | None:
+    """The rounds a checkpoint file has done (its ``global_step``); None if it cannot be read."""
+    try:
+        return int(load_checkpoint_file(path, "cpu", True, mmap=True).get("global_step", 0))
+    except ConfigError:
+        return None
+
+
+def name_checkpoints_by_round(callbacks: list[Callback]) -> None:
+    """``ModelCheckpoint`` files named ``round=<rounds done>.ckpt`` where no ``filename`` was given.
+
+    Lightning's default, ``{epoch}-{step}``, reads ``epoch=0-step=12.ckpt`` in a federated run (one
+    epoch holds every round; the step is the round count). A given ``filename`` is kept as it is.
+    """
+    for cb in callbacks:
+        if (
+            isinstance(cb, ModelCheckpoint)
+            and not isinstance(cb, LastRoundCheckpoint)
+            and cb.filename is None
+        ):
+            cb.filename = "round={step}"
+            cb.auto_insert_metric_name = False
+
+
 def _last_round_checkpoint(given: list[Callback]) -> list[Callback]:
     """A :class:`LastRoundCheckpoint` unless one is given; it takes ``last.ckpt`` over from the others."""
     if any(isinstance(c, LastRoundCheckpoint) for c in given):
@@ -350,9 +514,26 @@ _NOISE = re.compile(
 _SYNC_DIST_ADVICE = r"It is recommended to use `self.log\('(step'|(global|personal|round|train|test)/)"
 
 
+#: Lightning's status lines and warnings a federated run does not need, hidden unless ``--verbose``: the
+#: seed and device report, "stopped: max_steps reached" (the summary follows), checkpoint restore notices,
+#: the distributed start-up banner, and ``ModelCheckpoint``'s "dirpath has changed" (``validate``/``test``
+#: write no checkpoints; a resumed ``fit`` continues in its own folder).
+_QUIET = re.compile(
+    r"Seed set to \d+|GPU available: |LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES"
+    r"|`Trainer\.fit` stopped: `max_steps="
+    r"|Restoring states from the checkpoint path|Restored all states from the checkpoint"
+    r"|Loaded model weights from the checkpoint|The dirpath has changed from"
+    r"|Initializing distributed: GLOBAL_RANK|All distributed processes registered"
+)
+
+
 class _DropNoise(logging.Filter):
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        super().__init__()
+        self.pattern = pattern
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not _NOISE.search(record.getMessage())
+        return not self.pattern.search(record.getMessage())
 
 
 class _StdoutHandler(logging.StreamHandler):
@@ -382,33 +563,82 @@ def list_names(argv: list[str]) -> None:
         sys.stdout.write(f"{name} ({field}):\n  " + ", ".join(names()) + "\n")
 
 
-def main(args: Any = None) -> None:
-    """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``.
+def _take_verbose(args: Any) -> tuple[Any, bool]:
+    """``args`` without ``--verbose`` (``sys.argv`` when ``args`` is None), and whether it was given."""
+    argv = sys.argv[1:] if args is None else args
+    if not isinstance(argv, (list, tuple)) or "--verbose" not in argv:
+        return args, False
+    kept = [a for a in argv if a != "--verbose"]
+    if args is None:
+        sys.argv[1:] = kept
+        return None, True
+    return kept, True
 
-    Lightning's tips, deprecation notices and advice that does not apply to federated runs are
-    filtered for the duration of the command only (nothing is filtered at import).
+
+def _set_up_console(verbose: bool) -> Callable[[], None]:
+    """Route the ``fl_lightning`` logger to stdout and hide Lightning's noise; returns the undo.
+
+    Quiet (the default): the ``fl_lightning`` logger at INFO, Lightning's :data:`_NOISE` and
+    :data:`_QUIET` lines dropped. ``verbose``: the logger at DEBUG (a line per round without a terminal)
+    and nothing of Lightning's dropped.
     """
-    argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["list"]:
-        list_names(argv[1:])
-        return
     logger = logging.getLogger("fl_lightning")
     if not logger.handlers:
         handler = _StdoutHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-    noise = _DropNoise()
-    lightning_log = logging.getLogger("lightning.pytorch")
-    lightning_log.addFilter(noise)
-    for handler in lightning_log.handlers:
-        handler.addFilter(noise)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if verbose:
+        return lambda: None
+    drop = _DropNoise(re.compile(f"{_NOISE.pattern}|{_QUIET.pattern}"))
+    targets: list[logging.Logger | logging.Handler] = []
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # the loggers with handlers
+        lightning_log = logging.getLogger(name)
+        targets += [lightning_log, *lightning_log.handlers]
+    for target in targets:
+        target.addFilter(drop)
+
+    def undo() -> None:
+        for target in targets:
+            target.removeFilter(drop)
+
+    return undo
+
+
+def _filter_warnings(verbose: bool) -> None:
+    """Inside ``warnings.catch_warnings()``: drop Lightning's warnings that do not apply (none if verbose)."""
+    if verbose:
+        return
+    warnings.filterwarnings("ignore", message=f".*({_NOISE.pattern}|{_QUIET.pattern})")
+    warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
+
+
+def main(args: Any = None) -> None:
+    """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``.
+
+    Lightning's tips, status lines, deprecation notices and advice that does not apply to federated
+    runs are filtered for the duration of the command only (nothing is filtered at import);
+    ``--verbose`` (anywhere on the command line) filters nothing and logs a line per round.
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["list"]:
+        list_names(argv[1:])
+        return
+    args, verbose = _take_verbose(args)
+    undo_console = _set_up_console(verbose)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=f".*({_NOISE.pattern})")
-            warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
+            _filter_warnings(verbose)
             FederatedCLI(args=args)
         leave_process_group()
+    except SIGTERMException:
+        sys.stderr.write(
+            "error: stopped by SIGTERM (a fit's completed rounds are in its last.ckpt and summary.json)\n"
+        )
+        raise SystemExit(128 + signal.SIGTERM) from None
+    except KeyboardInterrupt:  # outside Lightning's own handling (which exits with status 1)
+        sys.stderr.write("error: interrupted\n")
+        raise SystemExit(130) from None
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(2) from None
@@ -425,6 +655,4 @@ def main(args: Any = None) -> None:
         )
         raise SystemExit(1) from None
     finally:
-        lightning_log.removeFilter(noise)
-        for handler in lightning_log.handlers:
-            handler.removeFilter(noise)
+        undo_console()

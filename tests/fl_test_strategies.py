@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import torch
 
 from fl_lightning.api.aggregation import BufferedAggregator
@@ -57,3 +60,29 @@ class MedianFedAvg(FedAvg):
 
     def aggregator(self):
         return Median(self)
+
+
+class StopAt(FedAvg):
+    """FedAvg whose run is stopped in round ``round`` (0-based), as ``how`` says.
+
+    ``"fail"``: every client raises (a RuntimeError; with ``model.max_failed_rounds=1`` the run stops
+    with a RunError); ``"interrupt"``: a KeyboardInterrupt (Ctrl-C); ``"sigterm"``: a SIGTERM sent to
+    this process once (the round completes, then Lightning stops).
+    """
+
+    def __init__(self, round: int = 1, how: str = "fail") -> None:
+        super().__init__()
+        self.round, self.how = round, how
+        self._signalled = False
+
+    def on_client_start(self, module, ctx):
+        super().on_client_start(module, ctx)
+        if ctx.round < self.round:
+            return
+        if self.how == "fail":
+            raise RuntimeError("deliberate failure")
+        if self.how == "interrupt":
+            raise KeyboardInterrupt
+        if self.how == "sigterm" and not self._signalled:
+            self._signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)

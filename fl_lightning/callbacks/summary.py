@@ -1,18 +1,48 @@
-"""The end-of-run summary: rounds, best and final global metric, client spread, time, bytes."""
+"""The end-of-run summary: rounds, best and final global metric, client spread, time, bytes.
+
+Written when ``fit`` ends, and also when it is interrupted (an exception, Ctrl-C, SIGTERM) after at
+least one round of the run: then ``summary.json`` covers the rounds done and says why it stopped.
+The run's hyperparameters and its summary numbers also go to TensorBoard's HPARAMS tab.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.core.saving import save_hparams_to_yaml
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger("fl_lightning")
+
+#: Config fields that change how a run executes or where it writes, not what it trains: left out of
+#: the HPARAMS tab (they would only add columns).
+EXECUTION_FIELDS = frozenset(
+    {
+        "data.root",
+        "data.download",
+        "data.eval_batch_size",
+        "model.eval_clients_every",
+        "model.eval_fraction",
+        "model.state_dir",
+        "model.state_memory_mb",
+        "model.threads_per_process",
+        "model.compile",
+        "model.vectorize",
+        "model.vectorize_memory_gb",
+    }
+)
 
 
 class FederatedSummary(Callback):
@@ -23,13 +53,29 @@ class FederatedSummary(Callback):
     model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
     ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), the
     strategy's last reported scalars under their own keys (``privacy/epsilon``, ... with the
-    :class:`~fl_lightning.strategies.DP` plug-in), and ``global_split``: the split the global
+    :class:`~fl_lightning.strategies.DP` plug-in), ``global_split``: the split the global
     numbers are on (``"validation"`` with ``data.val_fraction > 0``, else ``"test"``; evaluate a
-    checkpoint on the test set with ``test``).
+    checkpoint on the test set with ``test``), and ``interrupted``.
+
+    A run that stops early (an exception such as every client failing, Ctrl-C, SIGTERM) still
+    writes ``summary.json`` for the rounds it completed, with ``"interrupted": true`` and the
+    ``reason``; its per-client spread is left out (the final model is not evaluated on the way out).
+    A resumed run's numbers cover every round since the run began (the checkpoint carries the
+    history): ``rounds`` counts them all, ``rounds_this_run`` those of this invocation.
+
+    Every logger also receives ``log_hyperparams(hparams, metrics)``: the run's hyperparameters
+    with its summary numbers as ``summary/<key>`` scalars (at step = rounds done), so
+    TensorBoard's HPARAMS tab lists one row per run.
+
+    Args:
+        hparams: The run's hyperparameters, flat ``{name: value}`` (the CLI passes its config,
+            see :func:`flatten_config`); None logs the module's ``hparams`` (Lightning's
+            ``save_hyperparameters``), if any.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hparams: Mapping[str, Any] | None = None) -> None:
         self._start: float | None = None
+        self.hparams = dict(hparams) if hparams is not None else None
         self.summary: dict[str, Any] = {}
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -45,18 +91,37 @@ class FederatedSummary(Callback):
         if not hasattr(pl_module, "history"):
             return
         per_client = pl_module.final_client_metrics()
+        self._finish(trainer, pl_module, per_client, None)
+        self._report(trainer, pl_module, trainer.log_dir)  # a collective under DDP: read on every process
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Summarise the rounds done when ``fit`` stops early (nothing if this run completed no round)."""
+        history = getattr(pl_module, "history", None)
+        if trainer.state.fn != TrainerFn.FITTING or not history:
+            return
+        if not any(r.get("this_run", True) for r in history):
+            return  # a resumed run stopped before its first round: the run's summary.json stands
+        self._finish(trainer, pl_module, {}, _reason(exception))
+        self._report(trainer, pl_module, _local_log_dir(trainer))  # no collective on the way out
+
+    def _finish(
+        self, trainer: Trainer, pl_module: LightningModule, per_client: dict, reason: str | None
+    ) -> None:
         self.summary = summarize(pl_module.history, per_client, time.perf_counter() - (self._start or 0.0))
         dm = getattr(trainer, "datamodule", None)
         self.summary["global_split"] = getattr(dm, "val_split", "test")
-        self._report(trainer.log_dir)  # log_dir is a collective under DDP: read it on every process
+        self.summary["interrupted"] = reason is not None
+        if reason is not None:
+            self.summary["reason"] = reason
 
     @rank_zero_only
-    def _report(self, log_dir: str | None) -> None:
+    def _report(self, trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -> None:
         s = self.summary
         m = s.get("metric", "acc")
         name = {"acc": "accuracy", "o_f1": "O-F1"}.get(m, m)
+        title = "fl_lightning summary" + (f" (interrupted: {s['reason']})" if s.get("interrupted") else "")
         lines = [
-            "fl_lightning summary",
+            title,
             f"  rounds: {s['rounds']} (this run: {s['rounds_this_run']})",
             f"  global {name} ({s.get('global_split', 'test')} split): "
             f"final {_pct(s.get(f'final_global_{m}'))}, "
@@ -82,7 +147,92 @@ class FederatedSummary(Callback):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(s, indent=2))
             lines.append(f"  written to {path}")
+        if s.get("interrupted"):
+            last = _last_checkpoint(trainer)
+            if last:
+                lines.append(f"  resume: --ckpt_path {last} (with trainer.max_steps as before)")
         log.info("\n".join(lines))
+        self._log_hyperparams(trainer, pl_module)
+
+    def _log_hyperparams(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The run's hyperparameters and its summary numbers, for TensorBoard's HPARAMS tab."""
+        params = self.hparams
+        if params is None:
+            params = dict(getattr(pl_module, "hparams", None) or {})
+        metrics = hparam_metrics(self.summary)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params, metrics, step=self.summary["rounds"])
+            if isinstance(logger, TensorBoardLogger):  # it writes hparams.yaml only if there is none yet
+                save_hparams_to_yaml(Path(logger.log_dir) / logger.NAME_HPARAMS_FILE, logger.hparams)
+
+
+def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The summary's numbers as ``summary/<key>`` scalars (the HPARAMS tab's metric columns)."""
+    m = summary.get("metric", "acc")
+    keys = ("rounds", f"final_global_{m}", f"best_global_{m}", "best_round", "bytes_total", "wall_time_s")
+    out = {f"summary/{k}": float(summary[k]) for k in keys if summary.get(k) is not None}
+    spread = summary.get(f"client_{m}")
+    if spread:
+        out.update({f"summary/client_{m}_{k}": float(spread[k]) for k in ("mean", "std", "min")})
+    out["summary/interrupted"] = float(bool(summary.get("interrupted")))
+    return out
+
+
+def flatten_config(
+    config: Mapping[str, Any], sections: tuple[str, ...] = ("seed_everything", "model", "data")
+) -> dict[str, Any]:
+    """A run config as flat ``{"model.client.lr": 0.1, ...}`` hyperparameters (the HPARAMS tab's columns).
+
+    A class given as ``{class_path, init_args}`` becomes its class name under its own key
+    (``"model.strategy": "FedProx"``) and its arguments under it (``"model.strategy.mu": 0.01``).
+    Only the top-level ``sections`` are kept; :data:`EXECUTION_FIELDS` are left out; lists and other
+    non-scalar values become strings.
+    """
+    out: dict[str, Any] = {}
+
+    def visit(prefix: str, value: Any) -> None:
+        if prefix in EXECUTION_FIELDS:
+            return
+        if isinstance(value, Mapping) and "class_path" in value:
+            out[prefix] = str(value["class_path"]).rsplit(".", 1)[-1]
+            value = value.get("init_args") or {}
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                visit(f"{prefix}.{k}", v)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[prefix] = value
+        else:
+            out[prefix] = str(value)
+
+    for section in sections:
+        if section in config:
+            visit(section, config[section])
+    return out
+
+
+def _reason(exception: BaseException) -> str:
+    if isinstance(exception, SIGTERMException):
+        return "SIGTERM"
+    if isinstance(exception, KeyboardInterrupt):
+        return "KeyboardInterrupt"
+    text = " ".join(str(exception).split())
+    return f"{type(exception).__name__}: {text}" if text else type(exception).__name__
+
+
+def _local_log_dir(trainer: Trainer) -> str | None:
+    """``trainer.log_dir`` without its broadcast (a collective the other processes may never reach)."""
+    if not trainer.loggers:
+        return trainer.default_root_dir
+    logger = trainer.loggers[0]
+    return logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
+
+
+def _last_checkpoint(trainer: Trainer) -> str | None:
+    for cb in trainer.checkpoint_callbacks:
+        path = getattr(cb, "last_model_path", "") if isinstance(cb, ModelCheckpoint) else ""
+        if path and os.path.exists(path):
+            return path
+    return None
 
 
 def summarize(

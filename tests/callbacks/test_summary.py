@@ -1,0 +1,62 @@
+import pytest
+
+from fl_lightning.callbacks.summary import flatten_config, hparam_metrics
+
+
+def test_flatten_config_names_classes_and_keeps_their_arguments():
+    config = {
+        "seed_everything": 3,
+        "trainer": {"max_steps": 10},
+        "model": {
+            "strategy": {"class_path": "fl_lightning.strategies.FedProx", "init_args": {"mu": 0.01}},
+            "client": {
+                "class_path": "fl_lightning.ClientModule",
+                "init_args": {
+                    "lr": 0.1,
+                    "net": {"class_path": "fl_lightning.models.SmallCNN", "init_args": None},
+                },
+            },
+            "attack": None,
+            "state_dir": "/tmp/x",
+        },
+        "data": {"partition": {"class_path": "fl_lightning.data.IID"}, "num_clients": 8, "root": "data"},
+        "extra": [1, 2],
+    }
+    assert flatten_config(config) == {
+        "seed_everything": 3,
+        "model.strategy": "FedProx",
+        "model.strategy.mu": 0.01,
+        "model.client": "ClientModule",
+        "model.client.lr": 0.1,
+        "model.client.net": "SmallCNN",
+        "model.attack": None,
+        "data.partition": "IID",
+        "data.num_clients": 8,
+    }  # trainer and other sections left out, as are where state and data live
+    assert flatten_config({"model": {"milestones": [1, 2]}}) == {"model.milestones": "[1, 2]"}
+
+
+def test_hparam_metrics_are_the_summary_numbers():
+    summary = {
+        "metric": "o_f1",
+        "rounds": 5,
+        "final_global_o_f1": 0.5,
+        "best_global_o_f1": 0.75,
+        "best_round": 4,
+        "bytes_total": 100,
+        "wall_time_s": 2.0,
+        "client_o_f1": {"n": 3, "mean": 0.4, "std": 0.1, "min": 0.2, "max": 0.6},
+        "interrupted": True,
+    }
+    assert hparam_metrics(summary) == {
+        "summary/rounds": 5.0,
+        "summary/final_global_o_f1": 0.5,
+        "summary/best_global_o_f1": 0.75,
+        "summary/best_round": 4.0,
+        "summary/bytes_total": 100.0,
+        "summary/wall_time_s": 2.0,
+        "summary/client_o_f1_mean": pytest.approx(0.4),
+        "summary/client_o_f1_std": pytest.approx(0.1),
+        "summary/client_o_f1_min": pytest.approx(0.2),
+        "summary/interrupted": 1.0,
+    }
