@@ -564,7 +564,9 @@ class _StdoutHandler(logging.StreamHandler):
 def list_names(argv: list[str]) -> None:
     """``python -m fl_lightning list [strategies|models|datasets|partitions]``: the names a config takes."""
     parser = argparse.ArgumentParser(
-        prog="python -m fl_lightning list", description="The names a config takes, by config field."
+        prog="python -m fl_lightning list",
+        description="The names a config takes, by config field.",
+        allow_abbrev=False,
     )
     parser.add_argument("what", nargs="?", help=f"one of {', '.join(LISTS)} (default: all)")
     what = parser.parse_args(argv).what
