@@ -275,6 +275,11 @@ BAD_INPUTS = [
         "error: model.client.net: fl_lightning.models.SmallCN is not a class; did you mean "
         "fl_lightning.models.SmallCNN?",
     ),
+    (  # classes only, not the module fl_lightning.strategies.fedprox
+        ["--model.strategy=fl_lightning.strategies.FedProxx"],
+        "error: model.strategy: fl_lightning.strategies.FedProxx is not a class; "
+        "did you mean fl_lightning.strategies.FedProx",
+    ),
     (
         ["--model.client=fl_lightning.ClientModul"],
         "error: model.client: fl_lightning.ClientModul is not a class; "
