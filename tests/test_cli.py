@@ -313,7 +313,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_INPUTS, ids=lambda v: " ".join(v) if isinstance(v, list) else ""
+)
 def test_bad_inputs_table(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         run_cli(tmp_path, "fit", *FAST, *args)  # FAST first: a row's own trainer.max_steps wins
