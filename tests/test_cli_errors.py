@@ -4,6 +4,7 @@ import pytest
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from fl_lightning.cli_errors import (
+    class_options,
     close_names,
     close_options,
     config_keys,
@@ -70,6 +71,23 @@ def test_config_keys_leave_out_class_path_and_init_args():
     assert find_key(config, "w", True) is None  # a value of another type is not the one
 
 
+class Base:
+    def __init__(self, alpha: float = 1.0) -> None:
+        self.alpha = alpha
+
+
+class Child(Base):
+    def __init__(self, beta: float = 2.0, **kwargs: float) -> None:
+        super().__init__(**kwargs)
+        self.beta = beta
+
+
+def test_class_options_follow_kwargs_to_the_base_class():
+    assert class_options(f"{__name__}.Child") == ["beta", "alpha"]
+    assert class_options(f"{__name__}.Base") == ["alpha"]
+    assert class_options("no.such.Class") == []
+
+
 def test_a_nested_unknown_option_names_the_field_and_the_close_one():
     message = (
         "Parser key \"model.strategy\":\n  Problem with given class_path 'fl_lightning.strategies.FedProx':\n"
@@ -112,7 +130,7 @@ DEFAULTS = {"accelerator": "auto", "max_steps": 40, "limit_val_batches": None, "
 
 
 def test_a_trainer_error_names_the_flag_the_message_names():
-    err = MisconfigurationException("`max_steps` must be a non-negative integer or -1. You passed in -5.")
+    err = MisconfigurationException("`max_steps` must be a non-negative integer or -1.")
     line = trainer_error(err, {**DEFAULTS, "max_steps": -5}, DEFAULTS)
     assert line.startswith("trainer.max_steps=-5: `max_steps` must be a non-negative integer")
 
