@@ -29,9 +29,8 @@ _FLOAT = re.compile(r"Expected a <class 'float'>")
 _VALUE = re.compile(r"(?:Got value|Given value): (\S+)")
 
 
-def did_you_mean(choices: list[str], quote: str = "") -> str:
+def did_you_mean(names: list[str]) -> str:
     """``"did you mean A?"``, ``"did you mean A or B?"``, ``"did you mean A, B or C?"``."""
-    names = [f"{quote}{c}{quote}" for c in choices]
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
     return f"did you mean {listed}?"
 
@@ -43,8 +42,7 @@ def close_names(given: str, names: Iterable[str], n: int = 3) -> list[str]:
     if same:
         return same[:n]
     lowered = {name.lower(): name for name in names}
-    near = [lowered[m] for m in difflib.get_close_matches(given.lower(), list(lowered), n=n, cutoff=0.6)]
-    return list(dict.fromkeys([*same, *near]))[:n]
+    return [lowered[m] for m in difflib.get_close_matches(given.lower(), list(lowered), n=n, cutoff=0.6)]
 
 
 def close_options(given: str, options: Iterable[str], n: int = 3) -> list[str]:
