@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import inspect
 import itertools
 import logging
 import os
@@ -18,23 +20,37 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
-from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
+from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary, PredictionWriter
 from fl_lightning.callbacks.summary import flatten_config
+from fl_lightning.cli_errors import (
+    config_keys,
+    find_cause,
+    find_key,
+    parse_error,
+    rewrite_float_arg,
+    trainer_error,
+)
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.engine.distributed import leave_process_group
 from fl_lightning.errors import ConfigError, RunError, check_number
-from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint, load_checkpoint_file
+from fl_lightning.lightning.checkpoint import (
+    AtomicCheckpointIO,
+    FingerprintError,
+    LastRoundCheckpoint,
+    load_checkpoint_file,
+)
 from fl_lightning.lightning.loggers import RoundStepLogger
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import MODELS
@@ -54,44 +70,66 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 #: ``--ckpt_path`` values Lightning resolves itself instead of naming a file.
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
+#: The subcommands that evaluate a checkpoint; without ``--config`` they read its run's ``config.yaml``.
+_EVALUATION = ("validate", "test", "predict")
+
+
+class _NonFiniteFloatError(Exception):
+    """A float field got ``nan``/``inf`` (text to YAML): the parser parses ``new_args`` (``.nan``) instead."""
+
+    def __init__(self, args: list[str]) -> None:
+        super().__init__("retry")
+        self.new_args = args
+
 
 class FederatedArgumentParser(LightningArgumentParser):
-    """The CLI's parser: parse errors are one ``error:`` line (no usage), with the choices where they help."""
+    """The CLI's parser: no abbreviated options, and parse errors are one ``error:`` line (no usage).
+
+    argparse (and jsonargparse 4) expand a prefix of an option (``--model.lr`` to ``--model.lr_decay``);
+    ``allow_abbrev=False`` turns that off here and, through the parser class, in every subcommand's and
+    every nested class's parser. An unknown option, class name or value gets "did you mean ...?" where a
+    known one is close; a float field given ``nan``/``inf`` (text to YAML) is parsed again as
+    ``.nan``/``.inf`` so that the field's own check says what it accepts.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
-        self._fl_args = list(sys.argv[1:] if args is None else args)
-        return super().parse_args(args, *more, **kwargs)
+        argv = list(sys.argv[1:] if args is None else args)
+        for _ in range(len(argv) + 1):
+            self._fl_args = argv
+            try:
+                return super().parse_args(argv, *more, **kwargs)
+            except _NonFiniteFloatError as retry:
+                argv = retry.new_args
+        return super().parse_args(argv, *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        text = " ".join(message.split())
-        match = re.match(r'Parser key "([^"]+)"', text)
-        nested = re.match(
-            r'Parser key "([^"]+)": Problem with given class_path \'[^\']+\': (?:Parser key "([^"]+)": )?',
-            text,
-        )
-        optional = re.match(
-            r'Parser key "([^"]+)":.*?Does not validate against any of the Union subtypes.*?'
-            r"Problem with given class_path '[^']+': (?:Parser key \"([^\"]+)\": )?(.*?)"
-            r"(?: - Expected a <class 'NoneType'>.*)?$",
-            text,
-        )
-        if nested:  # a bad init_args value: name the full field, e.g. model.strategy.mu
-            field = ".".join(k for k in nested.groups() if k)
-            text = f"{field}: {text[nested.end() :]}"
-        elif optional:  # a bad value inside an optional group, e.g. model.attack.kind
-            field = ".".join(k for k in optional.groups()[:2] if k)
-            text = f"{field}: {optional.group(3)}"
-        elif match and match.group(1).endswith("strategy"):
-            names = ", ".join(list_strategies())
-            given = re.search(r"but (\S+) either", text)
-            what = f"{given.group(1)!r} is not" if given else "value is not"
-            text = f"{match.group(1)}: {what} a known strategy; choose one of {names} or a full class path"
-        elif "Problems parsing config" in text:
-            text = _yaml_error(getattr(self, "_fl_args", [])) or text
         if not self.exit_on_error:  # jsonargparse is trying alternatives: let it catch the error
-            super().error(text, ex)
+            super().error(message, ex)
+        if "Problems parsing config" in message:
+            text = _yaml_error(getattr(self, "_fl_args", [])) or " ".join(message.split())
+        else:
+            text, retry = parse_error(message, _REGISTRIES, self._option_keys, self._help_hint())
+            if retry is not None:
+                new_args = rewrite_float_arg(getattr(self, "_fl_args", []), *retry)
+                if new_args is not None:
+                    raise _NonFiniteFloatError(new_args)
         sys.stderr.write(f"error: {text}\n")
         self.exit(2)
+
+    def _help_hint(self) -> str:
+        command = getattr(self, "subcommand", None) or "fit"
+        return f"`python -m fl_lightning {command} --help` lists the options"
+
+    def _option_keys(self) -> list[str]:
+        """Every dotted option: the parser's own and those of the default classes (``model.client.lr``)."""
+        keys = [s[2:] for s in self._option_string_actions if s.startswith("--") and not s.endswith(".help")]
+        with contextlib.suppress(Exception):  # an error inside an error message: the parser's own suffice
+            keys += config_keys(self.get_defaults().as_dict())
+        return keys
 
 
 def _yaml_error(args: list[Any]) -> str | None:
@@ -109,6 +147,14 @@ def _yaml_error(args: list[Any]) -> str | None:
         except (OSError, yaml.YAMLError):
             continue
     return None
+
+
+#: Known class names by the last part of the field that takes them, for "did you mean" on a mistyped name.
+_REGISTRIES = {
+    "strategy": list_strategies,
+    "partition": lambda: [c.__name__ for c in PARTITIONERS.values()],
+    "net": lambda: sorted({c.__name__ for c in MODELS.values()}, key=str.lower),
+}
 
 
 class SaveConfigAfterRestore(SaveConfigCallback):
@@ -158,6 +204,25 @@ class FederatedCLI(LightningCLI):
             **kwargs,
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse; ``validate``/``test``/``predict`` of a run's checkpoint read ``<run>/config.yaml`` first.
+
+        ``validate --ckpt_path lightning_logs/version_1/checkpoints/last.ckpt`` evaluates the run with the
+        configuration it was trained with (written by ``fit`` beside ``checkpoints/``), so the split and the
+        network match the checkpoint. A ``--config`` given on the command line replaces it; other options
+        given there override single fields of it.
+        """
+        argv = (
+            list(sys.argv[1:] if args is None else args) if not isinstance(args, (dict, Namespace)) else None
+        )
+        self._run_config = _run_config(argv) if argv is not None else None
+        if self._run_config is not None:
+            logging.getLogger("fl_lightning").info(
+                "reading the run's configuration from %s", self._run_config
+            )
+            args = [argv[0], f"--config={self._run_config}", *argv[1:]]
+        super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """One seed: ``seed_everything`` is also ``model.seed`` and, unless set, ``data.seed``.
 
@@ -191,6 +256,13 @@ class FederatedCLI(LightningCLI):
             config["data.seed"] = seed
         try:
             super().instantiate_classes()
+        except ConfigError:
+            raise
+        except Exception as err:  # a class's own ConfigError, wrapped by jsonargparse (e.g. in a Union)
+            cause = find_cause(err, ConfigError)
+            if cause is None:
+                raise
+            raise ConfigError(_full_field(str(cause), config)) from None
         finally:
             if follow:
                 config["data.seed"] = None
@@ -322,13 +394,47 @@ class FederatedCLI(LightningCLI):
             return False
         return RoundStepLogger(save_dir=str(Path(ckpt).parent.parent), name="", version=self.subcommand)
 
+    def _trainer_defaults(self) -> dict[str, Any]:
+        """The Trainer's arguments when none is given: its signature's defaults and the CLI's."""
+        params = inspect.signature(Trainer.__init__).parameters.values()
+        return {
+            **{p.name: p.default for p in params if p.default is not inspect.Parameter.empty},
+            **self.trainer_defaults,
+        }
+
     def _run_subcommand(self, subcommand: str) -> None:
         try:
-            super()._run_subcommand(subcommand)
+            try:
+                super()._run_subcommand(subcommand)
+            except MisconfigurationException as err:  # a flag or callback Lightning refuses once it runs
+                raise ConfigError(
+                    trainer_error(err, getattr(self, "_trainer_config", {}), self._trainer_defaults())
+                ) from None
+            except FingerprintError as err:
+                raise ConfigError(self._fingerprint_message(err)) from None
         except ConfigError:
             if self.trainer.global_step == 0 and self.trainer.is_global_zero:
                 self._undo_run_folder()
             raise
+
+    def _fingerprint_message(self, err: FingerprintError) -> str:
+        """The fingerprint mismatch with the fix for this subcommand: which config to give."""
+        subcommand = str(self.subcommand)
+        written_by = _writing_run_config(self.config.get(subcommand, {}).get("ckpt_path"))
+        where = (
+            f"--config {written_by}"
+            if written_by
+            else "--config with the config.yaml of the run that wrote it"
+        )
+        if self._run_config is not None:  # read for this evaluation: options given with it changed it
+            fix = f"The options given override these fields of the run's {self._run_config}; drop them"
+        elif subcommand == "fit":
+            fix = (
+                f"Resume with the config it was written with ({where}) or start a new run without --ckpt_path"
+            )
+        else:
+            fix = f"{subcommand.capitalize()} it with the config it was written with: {where}"
+        return f"ckpt_path: the checkpoint comes from a different config: {'; '.join(err.diffs)}. {fix}"
 
     def _instantiate_trainer_with_progress_bar(
         self, config: dict[str, Any], callbacks: list[Callback]
@@ -343,11 +449,29 @@ class FederatedCLI(LightningCLI):
             callbacks = [*callbacks, *_last_round_checkpoint(given)]
         name_checkpoints_by_round(given)
         callbacks = [*callbacks, *self._summary_callback(given)]
+        if self.subcommand == "predict" and not any(isinstance(c, BasePredictionWriter) for c in given):
+            callbacks = [*callbacks, PredictionWriter()]
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
-        trainer = super()._instantiate_trainer(config, callbacks)
+        interval = config.get("val_check_interval")
+        if interval is not None:  # Lightning takes 0, then divides by it in the first round
+            check_number(
+                interval,
+                "trainer.val_check_interval",
+                low=0,
+                low_open=True,
+                hint="1 evaluates after every round",
+            )
+        self._trainer_config = dict(config)
+        try:
+            trainer = super()._instantiate_trainer(config, callbacks)
+        except ConfigError:
+            raise
+        except (MisconfigurationException, ValueError, ImportError) as err:
+            # Lightning refusing a flag (accelerator=gpu without a GPU, max_steps=-5, ...)
+            raise ConfigError(trainer_error(err, self._trainer_config, self._trainer_defaults())) from None
         _check_writable(trainer.default_root_dir, "trainer.default_root_dir")
         for logger in trainer.loggers:
             if logger.save_dir is not None:
@@ -369,6 +493,76 @@ class FederatedCLI(LightningCLI):
         if seed is not None and not isinstance(seed, bool):
             check_number(seed, "seed_everything", low=0, high=2**32 - 1, hint="or true for a random seed")
         super()._set_seed()
+
+
+def _run_config(argv: list[str]) -> Path | None:
+    """``<run>/config.yaml`` for ``validate``/``test``/``predict --ckpt_path <run>/checkpoints/X.ckpt``.
+
+    None for another subcommand, a command line with ``--config``, or a checkpoint outside a run folder.
+    """
+    if not argv or argv[0] not in _EVALUATION:
+        return None
+    if any(a in ("-c", "--config") or str(a).startswith("--config=") for a in argv):
+        return None
+    ckpt = None
+    for i, arg in enumerate(argv):
+        if arg == "--ckpt_path" and i + 1 < len(argv):
+            ckpt = argv[i + 1]
+        elif str(arg).startswith("--ckpt_path="):
+            ckpt = str(arg).split("=", 1)[1]
+    if not ckpt or ckpt in _SPECIAL_CKPT_PATHS or "://" in ckpt:
+        return None
+    path = Path(ckpt)
+    config = path.parent.parent / "config.yaml"
+    return config if path.parent.name == "checkpoints" and config.is_file() else None
+
+
+def _writing_run_config(ckpt: Any) -> Path | None:
+    """The ``config.yaml`` of the run that wrote ``ckpt``, or None if it does not exist (any more).
+
+    It is beside the checkpoint's ``checkpoints/`` folder, or, for a copied checkpoint, beside the folder
+    its checkpoint callbacks wrote to (their state records it).
+    """
+    if not ckpt or str(ckpt) in _SPECIAL_CKPT_PATHS or "://" in str(ckpt):
+        return None
+    path = Path(ckpt)
+    folders = [path.parent] if path.parent.name == "checkpoints" else []
+    try:
+        checkpoint = load_checkpoint_file(path, "cpu", mmap=True)
+        states = checkpoint.get("callbacks") or {}
+        folders += [Path(s["dirpath"]) for s in states.values() if isinstance(s, dict) and s.get("dirpath")]
+    except (ConfigError, OSError):
+        pass
+    for folder in folders:
+        config = folder.parent / "config.yaml"
+        if config.is_file():
+            return config
+    return None
+
+
+def _full_field(message: str, config: Any) -> str:
+    """A class's ``ConfigError`` naming its own argument (``pretrained=True: ...``), with the config field.
+
+    A class nested in the config (a network inside ``Decomposed``) does not know where it sits; the
+    first ``<argument>: <value>`` in the config with that name and value does.
+    """
+    match = re.match(r"(\w+)=(\S+?):? ", message)
+    if match is None:
+        return message
+    name, value = match.groups()
+    as_dict = config.as_dict() if hasattr(config, "as_dict") else config
+    for candidate in (value, _yaml_scalar(value)):
+        key = find_key(as_dict, name, candidate)
+        if key:
+            return f"{key}{message[len(name) :]}"
+    return message
+
+
+def _yaml_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def _check_writable(path: str | os.PathLike, field: str) -> None:
@@ -551,7 +745,9 @@ class _StdoutHandler(logging.StreamHandler):
 def list_names(argv: list[str]) -> None:
     """``python -m fl_lightning list [strategies|models|datasets|partitions]``: the names a config takes."""
     parser = argparse.ArgumentParser(
-        prog="python -m fl_lightning list", description="The names a config takes, by config field."
+        prog="python -m fl_lightning list",
+        description="The names a config takes, by config field.",
+        allow_abbrev=False,
     )
     parser.add_argument("what", nargs="?", help=f"one of {', '.join(LISTS)} (default: all)")
     what = parser.parse_args(argv).what

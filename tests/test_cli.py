@@ -1,5 +1,6 @@
 """``python -m fl_lightning``: LightningCLI subcommands, overrides, configs and one-line errors."""
 
+import csv
 import errno
 import json
 import logging
@@ -213,12 +214,18 @@ def test_nan_lr_in_a_yaml_config_is_one_line(tmp_path, capsys):
     [
         (["--model.client.init_args.lr=abc"], "error: model.client.lr: Expected a <class 'float'>"),
         (["--model.strategy=FedProx", "--model.strategy.mu=abc"], "error: model.strategy.mu: Expected a"),
-        (["--nope=1"], "error: unrecognized arguments: --nope=1"),
+        (
+            ["--nope=1"],
+            "error: --nope is not an option; `python -m fl_lightning fit --help` lists the options",
+        ),
         (
             ["--model.attack.kind=noise"],
             "error: model.attack.kind: Expected a typing.Literal['sign_flip', 'scale']",
         ),
-        (["--model.attack={kind: scale, ratio: 1}"], "error: model.attack: Option 'ratio' is not accepted"),
+        (
+            ["--model.attack={kind: scale, ratio: 1}"],
+            "error: model.attack.ratio is not an option of SimulatedAttack",
+        ),
     ],
 )
 def test_parse_errors_are_one_line_without_usage(tmp_path, capsys, args, message):
@@ -226,6 +233,157 @@ def test_parse_errors_are_one_line_without_usage(tmp_path, capsys, args, message
         run_cli(tmp_path, "fit", *args)
     assert exit_info.value.code == 2
     assert _one_error_line(capsys).startswith(message)
+
+
+NO_GPU = not torch.cuda.is_available() and not torch.backends.mps.is_available()
+
+#: Bad options, values, flags and names: each is one ``error:`` line naming the field (and the fix), exit 2.
+BAD_INPUTS = [
+    # options are never abbreviated: a prefix is an unknown option, with the close ones
+    (
+        ["--model.lr=0.1"],
+        "error: --model.lr is not an option; did you mean --model.lr_decay or --model.client.lr?",
+    ),
+    (["--model.part=0.5"], "error: --model.part is not an option; did you mean --model.participation?"),
+    (
+        ["--trainer.max_step=3"],
+        "error: --trainer.max_step is not an option; did you mean --trainer.max_steps?",
+    ),
+    (
+        ["--model.client.l=0.1"],
+        "error: model.client.l is not an option of ClientModule; did you mean model.client.lr?",
+    ),
+    (
+        ["--model.strategy=FedProx", "--model.strategy.m=0.1"],
+        "error: model.strategy.m is not an option of FedProx; did you mean model.strategy.mu?",
+    ),
+    # non-finite numbers reach the field's own check
+    (["--model.client.lr=nan"], "error: model.client.lr=nan must be a finite number > 0; e.g. 0.1"),
+    (["--model.participation=inf"], "error: model.participation=inf must be a finite number in (0, 1]"),
+    (["--model.grad_clip_norm=-Infinity"], "error: model.grad_clip_norm=-inf must be a finite number > 0"),
+    # class names: "did you mean", never a silent substitution
+    (
+        ["--model.strategy=fedprox"],
+        "error: model.strategy: 'fedprox' is not a known strategy; did you mean FedProx?",
+    ),
+    (
+        ["--data.partition=dirichlet"],
+        "error: data.partition: 'dirichlet' is not a known partition; did you mean",
+    ),
+    (
+        ["--model.client.net=fl_lightning.models.SmallCN"],
+        "error: model.client.net: fl_lightning.models.SmallCN is not a class; did you mean "
+        "fl_lightning.models.SmallCNN?",
+    ),
+    (  # classes only, not the module fl_lightning.strategies.fedprox
+        ["--model.strategy=fl_lightning.strategies.FedProxx"],
+        "error: model.strategy: fl_lightning.strategies.FedProxx is not a class; "
+        "did you mean fl_lightning.strategies.FedProx",
+    ),
+    (
+        ["--model.client=fl_lightning.ClientModul"],
+        "error: model.client: fl_lightning.ClientModul is not a class; "
+        "did you mean fl_lightning.ClientModule?",
+    ),
+    # Trainer flags Lightning refuses
+    pytest.param(
+        ["--trainer.accelerator=gpu"],
+        "error: trainer.accelerator=gpu: Lightning finds no usable gpu here "
+        "(No supported gpu backend found!); use --trainer.accelerator=auto",
+        marks=pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU"),
+    ),
+    (["--trainer.max_steps=-5"], "error: trainer.max_steps=-5: `max_steps` must be a non-negative integer"),
+    (
+        ["--trainer.limit_val_batches=-1"],
+        "error: trainer.limit_val_batches=-1: You have passed invalid value",
+    ),
+    (["--trainer.num_nodes=0"], "error: trainer.num_nodes=0: `num_nodes` must be a positive integer"),
+    (["--trainer.strategy=foo"], "error: trainer.strategy='foo': You selected an invalid strategy name"),
+    (["--trainer.val_check_interval=0"], "error: trainer.val_check_interval=0 must be > 0"),
+    (
+        [
+            "--trainer.callbacks=ModelCheckpoint",
+            "--trainer.callbacks.monitor=global/accuracy",
+            "--trainer.max_steps=1",
+            "--model.local_steps=1",
+        ],
+        "error: trainer.callbacks (ModelCheckpoint): "
+        "`ModelCheckpoint(monitor='global/accuracy')` could not find",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_INPUTS, ids=lambda v: " ".join(v) if isinstance(v, list) else ""
+)
+def test_bad_inputs_table(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", *FAST, *args)  # FAST first: a row's own trainer.max_steps wins
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(message), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.lr=0.1"], "error: --model.lr is not an option; did you mean --model.lr_decay or"),
+        (["--trainer.max_steps=-5"], "error: trainer.max_steps=-5: `max_steps` must be a non-negative"),
+    ],
+)
+def test_bad_inputs_from_the_shell(tmp_path, args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fl_lightning", "fit", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_nested_class_config_error_is_one_line_naming_its_field(tmp_path, capsys):
+    # a ConfigError raised while jsonargparse builds an optional class (model.client.net) is not buried in
+    # jsonargparse's "Does not validate against any of the Union subtypes"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(
+            tmp_path,
+            "fit",
+            "--model.client.net=fl_lightning.models.TorchvisionResNet18",
+            "--model.client.net.norm=group",
+            "--model.client.net.pretrained=true",
+        )
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == (
+        "error: model.client.net.pretrained=true needs norm='batch' (the ImageNet weights use BN)"
+    )
+
+
+def test_pretrained_weights_offline_are_one_line_naming_the_field_and_the_file(tmp_path, capsys, monkeypatch):
+    import urllib.error
+
+    def offline(url, *args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    config = ROOT / "configs" / "filter_decomposition" / "global_tiny_20_20.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", f"--config={config}")
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == (
+        "error: model.client.net.net.pretrained=True: torchvision's ImageNet weights could not be downloaded "
+        "([Errno -2] Name or service not known); put resnet18-f37072fd.pth "
+        "(from https://download.pytorch.org/models/resnet18-f37072fd.pth) in "
+        f"{tmp_path / 'torch_home' / 'hub' / 'checkpoints'} (torch.hub's folder; set TORCH_HOME to use "
+        "another), or set pretrained: false"
+    )
 
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
@@ -281,21 +439,111 @@ def test_clients_failing_every_round_stop_the_cli_with_one_line(tmp_path, capsys
     assert "RuntimeError: deliberate failure" in line
 
 
-def test_predict_returns_the_global_models_predictions(tmp_path):
-    cli = FederatedCLI(
-        args=[
-            "predict",
-            "--data.num_clients=4",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={tmp_path}",
-        ],
-    )
+def test_predict_returns_and_writes_the_global_models_predictions(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="fl_lightning"):
+        cli = FederatedCLI(
+            args=[
+                "predict",
+                "--data.num_clients=4",
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.default_root_dir={tmp_path}",
+            ],
+        )
     module, dm = cli.model, cli.datamodule
     batches = cli.trainer.predict_loop.predictions
     preds = torch.cat([b["predictions"] for b in batches])
     assert preds.shape == dm.splits.test_y.shape
     with torch.no_grad():
-        assert torch.equal(preds, module.client(dm.splits.test_x).argmax(dim=1))
+        logits = module.client(dm.splits.test_x)
+    assert torch.equal(preds, logits.argmax(dim=1))
+    # no checkpoint, so no run folder: the file is in default_root_dir
+    path = tmp_path / "predictions.csv"
+    assert f"predictions of {len(preds)} samples written to {path}" in caplog.text
+    rows = list(csv.reader(path.open()))
+    assert rows[0] == ["index", "prediction", *(f"score_{k}" for k in range(10))]
+    table = torch.tensor([[float(v) for v in row] for row in rows[1:]])
+    assert torch.equal(table[:, 0].long(), torch.arange(len(preds)))  # the test set's order
+    assert torch.equal(table[:, 1].long(), preds)
+    torch.testing.assert_close(table[:, 2:], logits.softmax(dim=1), atol=1e-5, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """A 2-round run of ``configs/fedavg_digits.yaml`` (val_fraction 0.1, not the default): its folder."""
+    root = tmp_path_factory.mktemp("digits")
+    run_cli(
+        root, "fit", f"--config={ROOT / 'configs' / 'fedavg_digits.yaml'}", *FAST, "--model.local_epochs=1"
+    )
+    return root / "lightning_logs" / "version_0"
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
+def test_evaluating_a_runs_checkpoint_reads_the_runs_config(digits_run, tmp_path, capsys, subcommand):
+    ckpt = digits_run / "checkpoints" / "last.ckpt"
+    run_cli(tmp_path, subcommand, f"--ckpt_path={ckpt}")
+    out = capsys.readouterr().out
+    assert f"reading the run's configuration from {digits_run / 'config.yaml'}" in out
+    if subcommand == "predict":
+        path = digits_run / "predict" / "predictions.csv"
+        assert f"written to {path}" in out
+        assert len(path.read_text().splitlines()) == 1 + 360  # header + the digits test set
+
+
+def test_a_config_given_replaces_the_runs_config(digits_run, tmp_path, capsys):
+    ckpt = digits_run / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(
+            tmp_path,
+            "validate",
+            f"--config={ROOT / 'configs' / 'fedprox_digits.yaml'}",
+            f"--ckpt_path={ckpt}",
+        )
+    assert exit_info.value.code == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("error: ckpt_path: the checkpoint comes from a different config: ")
+    assert "model.strategy (checkpoint 'FedAvg' vs config 'FedProx')" in line
+    assert line.endswith(
+        f"Validate it with the config it was written with: --config {digits_run / 'config.yaml'}"
+    )
+    with pytest.raises(SystemExit):
+        run_cli(tmp_path, "test", f"--ckpt_path={ckpt}", "--data.num_clients=5")
+    assert _one_error_line(capsys) == (
+        "error: ckpt_path: the checkpoint comes from a different config: data.num_clients (checkpoint 4 vs "
+        f"config 5). The options given override these fields of the run's {digits_run / 'config.yaml'}; "
+        "drop them"
+    )
+
+
+def test_a_copied_checkpoint_that_does_not_fit_the_defaults_names_its_runs_config(
+    digits_run, tmp_path, capsys
+):
+    copy = tmp_path / "copy.ckpt"
+    shutil.copy(digits_run / "checkpoints" / "last.ckpt", copy)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "predict", f"--ckpt_path={copy}", "--data.num_clients=4")
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == (
+        "error: ckpt_path: the checkpoint comes from a different config: data.val_fraction (checkpoint 0.1 "
+        "vs config None). Predict it with the config it was written with: "
+        f"--config {digits_run / 'config.yaml'}"
+    )
+    run_cli(tmp_path, "predict", f"--config={digits_run / 'config.yaml'}", f"--ckpt_path={copy}")
+    assert (tmp_path / "predictions.csv").exists()  # outside a run folder: default_root_dir
+
+
+def test_resuming_a_finished_run_says_how_to_extend_it(digits_run, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(
+            tmp_path,
+            "fit",
+            f"--config={digits_run / 'config.yaml'}",
+            f"--ckpt_path={digits_run / 'checkpoints' / 'last.ckpt'}",
+        )
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == (
+        "error: trainer.max_steps=2 but the checkpoint has already done 2 rounds; to extend the run by N "
+        "rounds, rerun with the same --config and --trainer.max_steps=<2 + N> (e.g. --trainer.max_steps=4)"
+    )
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):

@@ -1,11 +1,12 @@
 """Callbacks: federated hooks for user callbacks, a round progress bar, the server lr per round,
-the end-of-run summary and communication to a target accuracy."""
+the end-of-run summary, communication to a target accuracy and ``predict``'s CSV writer."""
 
 from __future__ import annotations
 
 from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.callbacks.communication import CommunicationToTarget
 from fl_lightning.callbacks.lr_monitor import RoundLearningRateMonitor
+from fl_lightning.callbacks.predictions import PredictionWriter
 from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.callbacks.summary import FederatedSummary, summarize
 
@@ -14,6 +15,7 @@ __all__ = [
     "FederatedCallback",
     "FederatedProgressBar",
     "FederatedSummary",
+    "PredictionWriter",
     "RoundLearningRateMonitor",
     "summarize",
 ]

@@ -297,8 +297,28 @@ def _plain(value: Any) -> bool:
     )
 
 
+class FingerprintError(ConfigError):
+    """A checkpoint whose fingerprint differs from the config's; ``diffs`` lists the fields that differ.
+
+    Its message says to use the config the checkpoint was written with; the CLI replaces that advice with
+    the exact ``--config`` to give (the ``config.yaml`` of the run that wrote it).
+    """
+
+    def __init__(self, diffs: list[str]) -> None:
+        super().__init__(
+            "ckpt_path: the checkpoint comes from a different config: "
+            + "; ".join(diffs)
+            + ". Resume with the config it was written with, or start a new run without --ckpt_path"
+        )
+        self.diffs = diffs
+
+
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose fingerprint (data, seed, strategy, shapes) differs from the config."""
+    """Refuse a checkpoint whose fingerprint (data, seed, strategy, shapes) differs from the config.
+
+    Raises:
+        FingerprintError: naming every field that differs, with the checkpoint's and the config's value.
+    """
     diffs = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key), current.get(key)
@@ -311,11 +331,7 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> None:
         else:
             diffs.append(f"{key} (checkpoint {a!r} vs config {b!r})")
     if diffs:
-        raise ConfigError(
-            "ckpt_path: the checkpoint comes from a different config: "
-            + "; ".join(diffs)
-            + ". Resume with the config it was written with, or start a new run without --ckpt_path"
-        )
+        raise FingerprintError(diffs)
 
 
 def check_resume(module: LightningModule, checkpoint: dict[str, Any], fingerprint: dict[str, Any]) -> None:
@@ -335,8 +351,9 @@ def check_resume(module: LightningModule, checkpoint: dict[str, Any], fingerprin
     done = int(checkpoint.get("global_step", 0))
     if 0 <= trainer.max_steps <= done:
         raise ConfigError(
-            f"trainer.max_steps={trainer.max_steps} but the checkpoint has already done {done} rounds; "
-            f"set trainer.max_steps > {done}"
+            f"trainer.max_steps={trainer.max_steps} but the checkpoint has already done {done} rounds; to "
+            f"extend the run by N rounds, rerun with the same --config and --trainer.max_steps=<{done} + N> "
+            f"(e.g. --trainer.max_steps={done + max(done, 1)})"
         )
     saved = fl.get("hparams")
     if saved is None or not trainer.is_global_zero:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from torch import Tensor, nn
@@ -45,7 +46,10 @@ class TorchvisionResNet18(nn.Module):
                 "model.client.net.pretrained=true needs norm='batch' (the ImageNet weights use BN)"
             )
         layer = nn.BatchNorm2d if norm == "batch" else (lambda c: nn.GroupNorm(2, c))
-        net = resnet18(weights="IMAGENET1K_V1" if pretrained else None, norm_layer=layer)
+        try:
+            net = resnet18(weights="IMAGENET1K_V1" if pretrained else None, norm_layer=layer)
+        except OSError as err:  # urllib's URLError (offline, proxy, DNS) is an OSError
+            raise ConfigError(_weights_error(err)) from err
         if in_channels != 3:
             net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
         net.fc = nn.Linear(net.fc.in_features, num_classes)
@@ -54,3 +58,18 @@ class TorchvisionResNet18(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+
+def _weights_error(err: OSError) -> str:
+    """One line for ImageNet weights torch.hub could not download: where to put the file, or do without."""
+    import torch.hub
+    from torchvision.models import ResNet18_Weights
+
+    url = ResNet18_Weights.IMAGENET1K_V1.url
+    folder = Path(torch.hub.get_dir()) / "checkpoints"
+    reason = " ".join(str(getattr(err, "reason", None) or err).split())
+    return (
+        f"pretrained=True: torchvision's ImageNet weights could not be downloaded ({reason}); put "
+        f"{url.rpartition('/')[2]} (from {url}) in {folder} (torch.hub's folder; set TORCH_HOME to use "
+        "another), or set pretrained: false"
+    )

@@ -220,8 +220,9 @@ def test_resume_with_max_steps_not_above_the_rounds_done_is_refused(tmp_path):
         with pytest.raises(ConfigError) as info:
             _fit(tmp_path / "b", make_module(), rounds=rounds, ckpt_path=ckpt)
         assert str(info.value) == (
-            f"trainer.max_steps={rounds} but the checkpoint has already done 2 rounds; "
-            "set trainer.max_steps > 2"
+            f"trainer.max_steps={rounds} but the checkpoint has already done 2 rounds; to extend the run "
+            "by N rounds, rerun with the same --config and --trainer.max_steps=<2 + N> "
+            "(e.g. --trainer.max_steps=4)"
         )
     make_trainer(tmp_path / "c", rounds=1).validate(make_module(), datamodule=make_data(), ckpt_path=ckpt)
 
