@@ -3,9 +3,11 @@
 Every subpackage (or top-level module) of ``fl_lightning`` sits in one layer, and imports only its own
 subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside functions included:
 
-    9  fl_lightning (the package root: re-exports), __main__
-    8  flower       the Flower adapter: ServerApp/ClientApp over the engine (optional extra)
-    7  cli, runs    the command line; reading finished runs
+   10  fl_lightning (the package root: re-exports), __main__
+    9  flower       the Flower adapter: ServerApp/ClientApp over the engine (optional extra)
+    8  cli, sweep   the command line; grids of runs over seeds
+    7  cli_errors, runs
+                    one-line messages of the command line; reading finished runs (no package imports)
     6  lightning    the Lightning adapter: FederatedModule (a round is a training step), checkpoints
     5  callbacks    Lightning callbacks with federated hooks
     4  engine | strategies
@@ -41,11 +43,13 @@ LAYERS: dict[str, int] = {
     "strategies": 4,
     "callbacks": 5,
     "lightning": 6,
-    "cli": 7,
+    "cli_errors": 7,
     "runs": 7,
-    "flower": 8,
-    "": 9,
-    "__main__": 9,
+    "cli": 8,
+    "sweep": 8,
+    "flower": 9,
+    "": 10,
+    "__main__": 10,
 }
 
 
