@@ -391,6 +391,11 @@ def main(args: Any = None) -> None:
     if argv[:1] == ["list"]:
         list_names(argv[1:])
         return
+    if argv[:1] == ["sweep"]:
+        from fl_lightning.sweep import main as sweep
+
+        sweep(argv[1:])  # exits with the sweep's status
+        return
     logger = logging.getLogger("fl_lightning")
     if not logger.handlers:
         handler = _StdoutHandler()
