@@ -51,11 +51,11 @@ model for personalised strategies, the global model otherwise), ``personal`` (th
 scalar: the same models merged over clients by metric state), ``rounds``, ``rounds_to_target`` and
 ``mib_to_target`` (from the run's ``global/<m>`` and ``round/bytes_*`` TensorBoard scalars, over every
 ``version_N`` of a resumed run; mean over the seeds that reached it), ``wall_s`` (the last start's wall
-time), ``s_per_round``, ``mib``, ``mib_down``, ``mib_up``, ``kib_per_round``, ``kib_down_per_round``,
-``kib_up_per_round``; or ``{label: eps, summary: privacy/epsilon}`` / ``{label: C-F1 (%), scalar:
-global/c_f1, scale: 100, digits: 2}``: any summary.json number or last TensorBoard scalar. Default: final,
-best, client (when the runs have it), rounds_to_target (with a ``target``), wall_s, mib. The std is the
-sample standard deviation over seeds (n - 1).
+time), ``s_per_round``, ``mib``, ``mib_down``, ``mib_up``, ``mib_per_round``, ``kib_per_round``,
+``kib_down_per_round``, ``kib_up_per_round``; or ``{label: eps, summary: privacy/epsilon}`` /
+``{label: C-F1 (%), scalar: global/c_f1, scale: 100, digits: 2}``: any summary.json number or last
+TensorBoard scalar. Default: final, best, client (when the runs have it), rounds_to_target (with a
+``target``), wall_s, mib. The std is the sample standard deviation over seeds (n - 1).
 
 A run counts as finished when its newest ``summary.json`` covers its config's ``trainer.max_steps``
 rounds, or when the sweep saw its ``fit`` exit 0 (a run stopped early by a callback). Options:
@@ -314,6 +314,13 @@ COLUMNS: dict[str, Column] = {
         Column("mib", "MiB", 2, "bytes down + up, all rounds", _summary_num("bytes_total", _MIB)),
         Column("mib_down", "MiB down", 2, "bytes to the clients", _summary_num("bytes_down", _MIB)),
         Column("mib_up", "MiB up", 2, "bytes from the clients", _summary_num("bytes_up", _MIB)),
+        Column(
+            "mib_per_round",
+            "MiB/round",
+            3,
+            "bytes down + up per round",
+            _summary_num("bytes_total", _MIB, True),
+        ),
         Column(
             "kib_per_round",
             "KiB/round",

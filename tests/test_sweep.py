@@ -511,6 +511,35 @@ def test_the_sweep_module_launches_the_cli_and_imports_nothing_of_the_engine():
     }
 
 
+RECIPE_SWEEPS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name != "flower")
+
+
+@pytest.mark.parametrize("path", RECIPE_SWEEPS, ids=[str(p.relative_to(ROOT)) for p in RECIPE_SWEEPS])
+def test_every_recipe_sweep_file_loads_and_pins_threads_or_runs_one_at_a_time(path):
+    sweep = load_sweep(path)  # config files exist, keys and columns are known
+    assert sweep.root == ROOT and sweep.rows
+    assert sweep.out == ROOT / "lightning_logs" / "sweeps" / sweep.name
+    # CPU tables: one thread per run, reproducible (--check) whatever the machine; full size: one at a time
+    assert sweep.threads == 1 or (sweep.jobs == 1 and not path.stem.endswith("_cpu"))
+
+
+def test_the_readme_example_sweep_file_loads(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("```yaml\nname: methods_x_splits") + len("```yaml\n") :]
+    content = yaml.safe_load(block[: block.index("```")])
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "fedavg_digits.yaml", tmp_path / "configs")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(content))
+    sweep = load_sweep(tmp_path / "s.yaml")
+    assert [r.name for r in sweep.rows] == [
+        "fedavg/dir0.1",
+        "fedavg/path2",
+        "fedprox/dir0.1",
+        "fedprox/path2",
+    ]
+    assert sweep.rows[0].paper == {"": 76.0} and sweep.target == (None, 0.9)
+
+
 def test_load_sweep_errors_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="no such sweep file"):
         load_sweep(tmp_path / "none.yaml")
