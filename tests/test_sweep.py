@@ -25,7 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import fl_lightning.sweep as sweep_module
 from fl_lightning.errors import ConfigError
-from fl_lightning.sweep import execute, inspect_run, load_sweep, main, run_sweep, runs_of
+from fl_lightning.sweep import collect, execute, inspect_run, load_sweep, main, run_sweep, runs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,11 +37,13 @@ opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and 
 if "model.wait" in opts:
     try:
         time.sleep(float(opts["model.wait"]))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: stop as fit does, leaving a mark
+        open(os.path.join(opts["trainer.default_root_dir"], "interrupted"), "w").close()
         sys.exit(1)
 if "model.fail" in opts:
     sys.stderr.write("Traceback (most recent call last):\n  ...\n")
     sys.stderr.write("error: model.fail: " + opts["model.fail"] + "\n")
+    sys.stderr.write("[W] a warning printed at exit\n")  # the error line need not be the last one
     sys.exit(2)
 root = os.path.join(opts["trainer.default_root_dir"], "lightning_logs")
 n = len(os.listdir(root)) if os.path.isdir(root) else 0
@@ -192,7 +194,7 @@ def test_custom_columns_read_a_summary_key_or_a_scalar(tmp_path):
         {
             "base": "base.yaml",
             "columns": [
-                {"label": "eps", "summary": "privacy/epsilon", "digits": 3},
+                {"label": "eps", "summary": "privacy/epsilon", "scale": 10, "digits": 3},
                 {"label": "C-F1 (%)", "scalar": "global/acc", "scale": 100, "digits": 1},
                 "kib_up_per_round",
             ],
@@ -202,7 +204,7 @@ def test_custom_columns_read_a_summary_key_or_a_scalar(tmp_path):
     out = tmp_path / "lightning_logs" / "sweeps" / "s"
     craft_run(out / "dp" / "seed0", {**summary(0.9, 0.9), "privacy/epsilon": 2.34567}, acc_curve=[0.25, 0.5])
     assert run_sweep([str(path), "--report"]) == 0
-    assert "| dp | 1 | 2.346 | 50.0 | 341.3 |" in (out / "results.md").read_text()  # 1 MiB up / 3 rounds
+    assert "| dp | 1 | 23.457 | 50.0 | 341.3 |" in (out / "results.md").read_text()  # 1 MiB up / 3 rounds
 
 
 # ------------------------------------------------------------------------------------------- run folders
@@ -239,7 +241,7 @@ def test_a_run_is_finished_when_its_summary_covers_max_steps_or_the_sweep_saw_it
 def test_rounds_to_target_reads_the_scalars_of_every_version_of_a_resumed_run(tmp_path):
     path = write_sweep(tmp_path, {"base": "base.yaml", "target": 0.6, "rows": [{"name": "r"}]})
     folder = tmp_path / "lightning_logs" / "sweeps" / "s" / "r" / "seed0"
-    craft_run(folder, summary(0.7, 0.7) | {"rounds": 4}, max_steps=4, acc_curve=[0.1, 0.2])
+    craft_run(folder, summary(0.7, 0.7) | {"rounds": 4}, max_steps=4, acc_curve=[0.1, 0.65])
     second = folder / "lightning_logs" / "version_1"
     writer = SummaryWriter(str(second))
     for step, acc in [(3, 0.5), (4, 0.7)]:
@@ -247,7 +249,7 @@ def test_rounds_to_target_reads_the_scalars_of_every_version_of_a_resumed_run(tm
     writer.close()
     assert run_sweep([str(path), "--report"]) == 0
     row = read_csv(folder.parents[1] / "results.csv")["r"]
-    assert row["rounds_to_target_mean"] == "4.0"
+    assert row["rounds_to_target_mean"] == "2.0"  # reached in the first version, before the resume
 
 
 # ------------------------------------------------------------------------------------------- the runner
@@ -317,6 +319,9 @@ def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fa
         tmp_path, {"base": "base.yaml", "args": ["--model.wait=60"], "seeds": [0, 1], "rows": [{"name": "r"}]}
     )
     sweep = load_sweep(path)
+    for run in runs_of(sweep):  # both failed on an earlier start
+        run.folder.mkdir(parents=True)
+        (run.folder / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: old"}))
     previous = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
@@ -324,6 +329,10 @@ def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fa
     outcome, interrupted = execute(sweep, runs_of(sweep), jobs=2, threads=1, extra=[])
     assert interrupted and outcome == {} and time.monotonic() - start < 30
     assert "interrupted: 2 run(s) stopped; start the sweep again" in capsys.readouterr().out
+    for run in runs_of(sweep):  # each run got SIGINT (Lightning's graceful stop), not a kill
+        assert (run.folder / "interrupted").exists()
+    (row,) = collect(sweep, runs_of(sweep), outcome)
+    assert (row.failed, row.missing) == ([], [0, 1])  # to resume, no longer failed with the old error
     assert signal.getsignal(signal.SIGTERM) == previous
 
 
@@ -428,6 +437,10 @@ def test_check_without_a_stored_table_is_one_line(tmp_path, capsys):
         ({"base": "base.yaml", "seeds": [0, 0], "rows": [{"name": "a"}]}, "seeds=[0, 0] repeats a seed"),
         ({"base": "base.yaml", "seeds": [-1], "rows": [{"name": "a"}]}, "must be a list of integers >= 0"),
         ({"base": "base.yaml", "columns": ["fnal"], "rows": [{"name": "a"}]}, "did you mean 'final'?"),
+        (
+            {"base": "base.yaml", "columns": ["final", "final"], "rows": [{"name": "a"}]},
+            "a column is listed twice",
+        ),
         ({"base": "base.yaml", "columns": ["rounds_to_target"], "rows": [{"name": "a"}]}, "needs a target:"),
         ({"base": "base.yaml", "target": "high", "rows": [{"name": "a"}]}, "target='high' must be a number"),
         ({"base": "base.yaml", "jobs": 0, "rows": [{"name": "a"}]}, "jobs=0 must be an integer >= 1"),
