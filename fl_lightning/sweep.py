@@ -87,7 +87,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -1191,8 +1191,15 @@ def _same(a: float | None, b: float | None, digits: int, tolerance: float) -> bo
 # ---------------------------------------------------------------------------------------------- main
 
 
+class _Parser(argparse.ArgumentParser):
+    """Option errors are one ``error:`` line (no usage block), like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"sweep: {message} (python -m fl_lightning sweep --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m fl_lightning sweep",
         description="A grid of fit runs over seeds from one YAML file, N at a time, with a results table. "
         "The sweep file's schema: python -c 'import fl_lightning.sweep as s; help(s)' or README, 'Sweeps'.",

@@ -467,6 +467,11 @@ def test_a_bad_sweep_file_is_one_line_naming_the_key(tmp_path, capsys, content, 
         (None, [], "no such sweep file"),
         ("base: base.yaml\nrows: [{name: a}]\n", ["--rows", "b*"], "--rows b*: matches no row (rows: a)"),
         ("base: base.yaml\nrows: [{name: a}]\n", ["--jobs", "0"], "--jobs=0 must be >= 1"),
+        (
+            "base: base.yaml\nrows: [{name: a}]\n",
+            ["--jobs", "two"],
+            "sweep: argument --jobs: invalid int value",
+        ),
         ("base: base.yaml\nrows: [{name: a}]\n", ["--", "--ckpt_path=x"], "--ckpt_path is set by the sweep"),
     ],
 )
@@ -480,6 +485,15 @@ def test_unreadable_files_and_bad_options_are_one_line(tmp_path, capsys, text, a
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_no_sweep_file_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: sweep: the following arguments are required: sweep (python -m fl_lightning sweep --help)\n"
+    )
 
 
 def test_grid_blocks_paper_values_and_paths_relative_to_root(tmp_path):
