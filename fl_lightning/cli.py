@@ -820,6 +820,11 @@ def main(args: Any = None) -> None:
     if argv[:1] == ["list"]:
         list_names(argv[1:])
         return
+    if argv[:1] == ["sweep"]:
+        from fl_lightning.sweep import main as sweep
+
+        sweep(argv[1:])  # exits with the sweep's status
+        return
     args, verbose = _take_verbose(args)
     undo_console = _set_up_console(verbose)
     try:

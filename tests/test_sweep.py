@@ -1,0 +1,681 @@
+"""``python -m fl_lightning sweep``: the sweep file, run folders, the runner, the table and ``--check``.
+
+The quick tests launch a stand-in for ``fit`` (a few lines of Python that write a run folder as ``fit``
+does, or fail, or wait); the slow ones run real ``fit`` processes on the embedded digits.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+import fl_lightning.sweep as sweep_module
+from fl_lightning.errors import ConfigError
+from fl_lightning.sweep import collect, execute, inspect_run, load_sweep, main, run_sweep, runs_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Stands in for ``python -m fl_lightning fit``: writes ``version_N/{config.yaml,summary.json}`` with
+#: ``final_global_acc = --model.acc + seed / 100``, or fails (``--model.fail``), or waits (``--model.wait``).
+FAKE_FIT = r"""
+import json, os, sys, time
+opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+if "model.wait" in opts:
+    try:
+        time.sleep(float(opts["model.wait"]))
+    except KeyboardInterrupt:  # Ctrl-C: stop as fit does, leaving a mark
+        open(os.path.join(opts["trainer.default_root_dir"], "interrupted"), "w").close()
+        sys.exit(1)
+if "model.fail" in opts:
+    sys.stderr.write("Traceback (most recent call last):\n  ...\n")
+    sys.stderr.write("error: model.fail: " + opts["model.fail"] + "\n")
+    sys.stderr.write("[W] a warning printed at exit\n")  # the error line need not be the last one
+    sys.exit(2)
+root = os.path.join(opts["trainer.default_root_dir"], "lightning_logs")
+n = len(os.listdir(root)) if os.path.isdir(root) else 0
+run = os.path.join(root, f"version_{n}")
+os.makedirs(run)
+acc = float(opts.get("model.acc", 0.5)) + int(opts["seed_everything"]) / 100
+with open(os.path.join(run, "config.yaml"), "w") as f:
+    f.write("trainer:\n  max_steps: 3\n")
+summary = {"rounds": 3, "metric": "acc", "final_global_acc": acc, "best_global_acc": acc, "wall_time_s": 1.0,
+           "mean_round_s": 0.5, "bytes_down": 1024, "bytes_up": 1024, "bytes_total": 2048,
+           "argv": sys.argv[1:], "threads_env": os.environ.get("OMP_NUM_THREADS")}
+with open(os.path.join(run, "summary.json"), "w") as f:
+    json.dump(summary, f)
+"""
+
+
+@pytest.fixture
+def fake_fit(tmp_path, monkeypatch):
+    """Every process the sweep launches runs :data:`FAKE_FIT` with the sweep's ``fit`` arguments."""
+    script = tmp_path / "fake_fit.py"
+    script.write_text(FAKE_FIT)
+    real = subprocess.Popen
+
+    def popen(cmd, **kw):
+        assert cmd[1:4] == ["-m", "fl_lightning", "fit"]
+        return real([sys.executable, str(script), *cmd[4:]], **kw)
+
+    monkeypatch.setattr(sweep_module.subprocess, "Popen", popen)
+    monkeypatch.setattr(sweep_module, "machine_cores", lambda: 4)
+
+
+def write_sweep(folder: Path, content: dict, name: str = "s.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "base.yaml").write_text("trainer:\n  max_steps: 3\n")
+    path = folder / name
+    path.write_text(yaml.safe_dump(content, sort_keys=False))
+    return path
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        return {r["row"]: r for r in csv.DictReader(f)}
+
+
+# ------------------------------------------------------------------------------------------- the table
+
+
+def craft_run(folder: Path, summary: dict, max_steps: int = 3, acc_curve: list[float] | None = None) -> None:
+    """A finished run folder as ``fit`` leaves it: config.yaml, summary.json and TensorBoard scalars."""
+    version = folder / "lightning_logs" / "version_0"
+    version.mkdir(parents=True)
+    (version / "config.yaml").write_text(f"trainer:\n  max_steps: {max_steps}\n")
+    (version / "summary.json").write_text(json.dumps(summary))
+    if acc_curve is not None:
+        writer = SummaryWriter(str(version))
+        for step, acc in enumerate(acc_curve, 1):
+            writer.add_scalar("global/acc", acc, step)
+            writer.add_scalar("round/bytes_down", 2**20, step)
+            writer.add_scalar("round/bytes_up", 2**19, step)
+        writer.close()
+
+
+def summary(final: float, best: float, client: float | None = None, wall: float = 10.0) -> dict:
+    s = {
+        "rounds": 3,
+        "metric": "acc",
+        "final_global_acc": final,
+        "best_global_acc": best,
+        "wall_time_s": wall,
+        "mean_round_s": wall / 3,
+        "bytes_down": 3 * 2**20,
+        "bytes_up": 2**20,
+        "bytes_total": 4 * 2**20,
+    }
+    if client is not None:
+        s["client_acc"] = {"n": 4, "mean": client, "std": 0.1, "min": 0.0, "max": 1.0}
+    return s
+
+
+def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path, capsys):
+    path = write_sweep(
+        tmp_path,
+        {
+            "base": "base.yaml",
+            "seeds": [0, 1, 2],
+            "target": 0.8,
+            "columns": ["final", "best", "client", "rounds_to_target", "mib_to_target", "wall_s", "mib"],
+            "rows": [{"name": "a", "paper": 76.0}, {"name": "b", "paper": {"Dir 0.1": "n/a"}}],
+        },
+    )
+    out = tmp_path / "lightning_logs" / "sweeps" / "s"
+    craft_run(out / "a" / "seed0", summary(0.90, 0.95, 0.80, wall=10), acc_curve=[0.5, 0.85, 0.9])
+    craft_run(out / "a" / "seed1", summary(0.92, 0.95, 0.90, wall=20), acc_curve=[0.5, 0.7, 0.7, 0.81])
+    craft_run(out / "a" / "seed2", summary(0.94, 0.98, 0.85, wall=30), acc_curve=[0.5, 0.6, 0.7])
+    craft_run(out / "b" / "seed0", summary(0.50, 0.60))
+    (out / "b" / "seed1").mkdir(parents=True)  # failed on an earlier start
+    (out / "b" / "seed1" / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: boom"}))
+    assert run_sweep([str(path), "--report"]) == 1  # b has a failed and a missing run
+
+    table = read_csv(out / "results.csv")
+    a, b = table["a"], table["b"]
+    assert float(a["final_mean"]) == pytest.approx(92.0) and float(a["final_std"]) == pytest.approx(2.0)
+    assert float(a["best_mean"]) == pytest.approx(96.0) and float(a["best_std"]) == pytest.approx(3**0.5)
+    assert float(a["client_mean"]) == pytest.approx(85.0) and float(a["client_std"]) == pytest.approx(5.0)
+    # the target 0.8 is first reached in rounds 2 and 4; seed 2 never reaches it
+    assert (a["rounds_to_target_mean"], a["rounds_to_target_n"]) == ("3.0", "2")
+    assert float(a["rounds_to_target_std"]) == pytest.approx(2**0.5)
+    assert float(a["mib_to_target_mean"]) == pytest.approx((2 * 1.5 + 4 * 1.5) / 2)  # MiB sent until then
+    assert float(a["wall_s_mean"]) == pytest.approx(20.0) and float(a["wall_s_std"]) == pytest.approx(10.0)
+    assert (a["seeds"], a["failed"], a["missing"], a["paper"]) == ("3", "0", "0", "76.0")
+    assert (b["seeds"], b["failed"], b["missing"], b["final_mean"], b["final_std"]) == (
+        "1",
+        "1",
+        "1",
+        "50.0",
+        "",
+    )
+    assert b["client_n"] == "0" and b["client_mean"] == ""
+
+    md = (out / "results.md").read_text()
+    assert md in capsys.readouterr().out  # printed as written
+    assert "| row | seeds | final acc (%) | best acc (%) | client acc (%) | rounds to 0.8 |" in md
+    assert (
+        "| a | 3 | 92.00 ± 2.00 | 96.00 ± 1.73 | 85.00 ± 5.00 | 3.0 ± 1.4 (2 of 3) | 4.50 ± 2.12 (2 of 3) "
+        in md
+    )
+    assert "| 20.0 ± 10.0 | 4.00 ± 0.00 | 76.00 | - |" in md
+    assert "| b | 1 (1 failed, 1 missing) | 50.00 | 60.00 | - | - | - | 10.0 | 4.00 | - | n/a |" in md
+    assert "- b seed 1: error: boom" in md
+
+
+def test_multilabel_runs_report_o_f1_and_the_client_column_only_when_runs_have_it(tmp_path):
+    path = write_sweep(tmp_path, {"base": "base.yaml", "rows": [{"name": "flair"}]})
+    out = tmp_path / "lightning_logs" / "sweeps" / "s"
+    s = summary(0.0, 0.0)
+    del s["final_global_acc"], s["best_global_acc"]
+    s.update(metric="o_f1", final_global_o_f1=0.4, best_global_o_f1=0.5)
+    craft_run(out / "flair" / "seed0", s)
+    assert run_sweep([str(path), "--report"]) == 0
+    md = (out / "results.md").read_text()
+    assert "| row | seeds | final O-F1 (%) | best O-F1 (%) | wall (s) | MiB |" in md
+    assert "| flair | 1 | 40.00 | 50.00 | 10.0 | 4.00 |" in md
+
+
+def test_custom_columns_read_a_summary_key_or_a_scalar(tmp_path):
+    path = write_sweep(
+        tmp_path,
+        {
+            "base": "base.yaml",
+            "columns": [
+                {"label": "eps", "summary": "privacy/epsilon", "scale": 10, "digits": 3},
+                {"label": "C-F1 (%)", "scalar": "global/acc", "scale": 100, "digits": 1},
+                "kib_up_per_round",
+            ],
+            "rows": [{"name": "dp"}],
+        },
+    )
+    out = tmp_path / "lightning_logs" / "sweeps" / "s"
+    craft_run(out / "dp" / "seed0", {**summary(0.9, 0.9), "privacy/epsilon": 2.34567}, acc_curve=[0.25, 0.5])
+    assert run_sweep([str(path), "--report"]) == 0
+    assert "| dp | 1 | 23.457 | 50.0 | 341.3 |" in (out / "results.md").read_text()  # 1 MiB up / 3 rounds
+
+
+# ------------------------------------------------------------------------------------------- run folders
+
+
+def test_a_run_is_finished_when_its_summary_covers_max_steps_or_the_sweep_saw_it_exit_0(tmp_path):
+    assert inspect_run(tmp_path / "nothing").kind == "new"
+    run = tmp_path / "run"
+    craft_run(run, summary(0.9, 0.9), max_steps=3)
+    assert inspect_run(run).kind == "finished"
+    short = tmp_path / "short"  # an interrupted run that wrote a summary for the rounds done
+    craft_run(short, summary(0.9, 0.9), max_steps=10)
+    assert inspect_run(short).kind == "new"
+    ckpt = short / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"")
+    state = inspect_run(short)
+    assert (state.kind, state.ckpt) == ("resume", ckpt)
+    (short / "sweep.json").write_text(json.dumps({"returncode": 0, "version": "version_0"}))
+    assert inspect_run(short).kind == "finished"  # stopped early (EarlyStopping) with exit status 0
+    (short / "lightning_logs" / "version_0" / "summary.json").write_text('{"rounds": 3')  # cut short
+    assert inspect_run(short).kind == "resume"
+    resumed = short / "lightning_logs" / "version_1"  # the resumed run's own version folder
+    resumed.mkdir()
+    (resumed / "config.yaml").write_text("trainer:\n  max_steps: 10\n")
+    (resumed / "summary.json").write_text(json.dumps(summary(0.9, 0.9) | {"rounds": 10}))
+    assert inspect_run(short).kind == "finished"
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: x"}))
+    assert (inspect_run(failed).kind, inspect_run(failed).error) == ("failed", "error: x")
+
+
+def test_rounds_to_target_reads_the_scalars_of_every_version_of_a_resumed_run(tmp_path):
+    path = write_sweep(tmp_path, {"base": "base.yaml", "target": 0.6, "rows": [{"name": "r"}]})
+    folder = tmp_path / "lightning_logs" / "sweeps" / "s" / "r" / "seed0"
+    craft_run(folder, summary(0.7, 0.7) | {"rounds": 4}, max_steps=4, acc_curve=[0.1, 0.65])
+    second = folder / "lightning_logs" / "version_1"
+    writer = SummaryWriter(str(second))
+    for step, acc in [(3, 0.5), (4, 0.7)]:
+        writer.add_scalar("global/acc", acc, step)
+    writer.close()
+    assert run_sweep([str(path), "--report"]) == 0
+    row = read_csv(folder.parents[1] / "results.csv")["r"]
+    assert row["rounds_to_target_mean"] == "2.0"  # reached in the first version, before the resume
+
+
+# ------------------------------------------------------------------------------------------- the runner
+
+
+def test_runs_get_their_folders_seeds_threads_and_progress_lines_and_a_failure_does_not_stop_the_sweep(
+    tmp_path, fake_fit, capsys
+):
+    path = write_sweep(
+        tmp_path,
+        {
+            "base": "base.yaml",
+            "args": ["--model.acc=0.5"],
+            "seeds": [0, 1],
+            "grid": {
+                "method": {"good": {"args": ["--model.acc=0.8"]}, "bad": {"args": ["--model.fail=boom"]}},
+                "size": {"s": None, "m": {"config": "base.yaml"}},
+            },
+        },
+    )
+    assert run_sweep([str(path), "--jobs", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "4 rows x 2 seeds = 8 runs" in out and "2 at a time, 2 thread(s) each on 4 cores" in out
+    assert out.count(" start   ") == 8 and out.count(" done    ") == 4 and out.count(" failed  ") == 4
+    assert (
+        "failed  bad/s seed 1: error: model.fail: boom (log: lightning_logs/sweeps/s/bad/s/seed1/fit.err)"
+        in out
+    )
+    assert "done    good/m seed 1: final acc 81.00% (best 81.00%)" in out
+    sweeps = tmp_path / "lightning_logs" / "sweeps" / "s"
+    s = json.loads(
+        (sweeps / "good" / "m" / "seed1" / "lightning_logs" / "version_0" / "summary.json").read_text()
+    )
+    assert s["argv"] == [
+        "--config=base.yaml",
+        "--config=base.yaml",
+        "--trainer.enable_progress_bar=false",
+        "--model.acc=0.5",
+        "--model.acc=0.8",
+        "--model.threads_per_process=2",  # 4 cores // 2 jobs
+        "--seed_everything=1",
+        "--trainer.default_root_dir=lightning_logs/sweeps/s/good/m/seed1",
+    ]
+    assert s["threads_env"] == "2"
+    table = read_csv(sweeps / "results.csv")
+    assert float(table["good/s"]["final_mean"]) == pytest.approx(80.5) and table["bad/m"]["failed"] == "2"
+    assert "| bad | m | 0 (2 failed) | - |" in (sweeps / "results.md").read_text()
+
+    assert run_sweep([str(path), "--jobs", "1", "--rows", "good/*"]) == 0  # started again: nothing to run
+    out = capsys.readouterr().out
+    assert out.count(" skipped ") == 4 and " start " not in out
+    assert "1 at a time, 4 thread(s) each" in out
+
+
+def test_sweep_file_seeds_and_jobs_and_extra_fit_arguments(tmp_path, fake_fit, capsys):
+    path = write_sweep(
+        tmp_path, {"base": "base.yaml", "seeds": [3], "jobs": 3, "threads": 1, "rows": [{"name": "r"}]}
+    )
+    assert run_sweep([str(path), "--seeds", "5", "--", "--model.acc=0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "3 at a time, 1 thread(s) each on 4 cores" in out
+    assert "done    r seed 5: final acc 30.00%" in out
+
+
+def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fake_fit, capsys):
+    path = write_sweep(
+        tmp_path, {"base": "base.yaml", "args": ["--model.wait=60"], "seeds": [0, 1], "rows": [{"name": "r"}]}
+    )
+    sweep = load_sweep(path)
+    for run in runs_of(sweep):  # both failed on an earlier start
+        run.folder.mkdir(parents=True)
+        (run.folder / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: old"}))
+    previous = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    start = time.monotonic()
+    outcome, interrupted = execute(sweep, runs_of(sweep), jobs=2, threads=1, extra=[])
+    assert interrupted and outcome == {} and time.monotonic() - start < 30
+    assert "interrupted: 2 run(s) stopped; start the sweep again" in capsys.readouterr().out
+    for run in runs_of(sweep):  # each run got SIGINT (Lightning's graceful stop), not a kill
+        assert (run.folder / "interrupted").exists()
+    (row,) = collect(sweep, runs_of(sweep), outcome)
+    assert (row.failed, row.missing) == ([], [0, 1])  # to resume, no longer failed with the old error
+    assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_print_commands_lists_the_runs_to_do_with_resume_checkpoints(tmp_path, capsys, monkeypatch):
+    path = write_sweep(tmp_path / "exp", {"base": "base.yaml", "seeds": [0, 1, 2], "rows": [{"name": "r"}]})
+    out = tmp_path / "exp" / "lightning_logs" / "sweeps" / "s" / "r"
+    craft_run(out / "seed0", summary(0.9, 0.9))
+    ckpt = out / "seed1" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    assert run_sweep([str(path), "--print-commands", "--threads", "2"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    cd = f"cd {tmp_path / 'exp'} && OMP_NUM_THREADS=2 python -m fl_lightning fit --config=base.yaml "
+    base = cd + "--trainer.enable_progress_bar=false --model.threads_per_process=2 "
+    assert lines == [
+        base + "--seed_everything=1 --trainer.default_root_dir=lightning_logs/sweeps/s/r/seed1 "
+        "--ckpt_path=lightning_logs/sweeps/s/r/seed1/lightning_logs/version_0/checkpoints/last.ckpt",
+        base + "--seed_everything=2 --trainer.default_root_dir=lightning_logs/sweeps/s/r/seed2",
+    ]
+    assert "# 2 of 3 runs to do" in captured.err
+    assert not (out / "seed2").exists()  # nothing ran
+
+
+# ------------------------------------------------------------------------------------------- --check
+
+
+def test_check_reruns_the_rows_and_compares_them_with_the_stored_table(
+    tmp_path, fake_fit, capsys, monkeypatch
+):
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # --check's fresh folders
+    content = {
+        "base": "base.yaml",
+        "seeds": [0, 1],
+        "rows": [{"name": "a"}, {"name": "b", "args": ["--model.acc=0.7"]}],
+    }
+    path = write_sweep(tmp_path, content)
+    assert run_sweep([str(path)]) == 0
+    shutil.copy(tmp_path / "lightning_logs" / "sweeps" / "s" / "results.csv", tmp_path / "s.csv")
+    capsys.readouterr()
+    assert run_sweep([str(path), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "match    a" in out and "match    b" in out and "2 of 2 rows match" in out
+    assert out.count(" start   ") == 4  # re-run, not reused
+
+    with open(tmp_path / "s.csv", newline="") as f:
+        stored = list(csv.DictReader(f))
+    stored[1]["final_mean"] = str(float(stored[1]["final_mean"]) + 0.3)  # a table gone stale
+    with open(tmp_path / "s.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(stored[0]))
+        writer.writeheader()
+        writer.writerows(stored)
+    assert run_sweep([str(path), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "match    a" in out and "MISMATCH b: final mean 70.50 (stored 70.80)" in out
+
+    path = write_sweep(tmp_path, {**content, "check": {"tolerance": 0.5}})
+    assert run_sweep([str(path), "--check", "--rows", "b"]) == 0
+    out = capsys.readouterr().out
+    assert "match    b" in out and "1 of 1 rows match" in out
+
+
+def test_check_without_a_stored_table_is_one_line(tmp_path, capsys):
+    path = write_sweep(tmp_path, {"base": "base.yaml", "rows": [{"name": "a"}]})
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path), "--check"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no stored table" in err and "s.csv" in err
+
+
+# ------------------------------------------------------------------------------------------- bad files
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            {"base": "base.yaml", "rows": [{"name": "a"}], "sede": [1]},
+            "unknown key 'sede'; did you mean 'seeds'?",
+        ),
+        ({"base": "missing.yaml", "rows": [{"name": "a"}]}, "base: config file missing.yaml not found"),
+        ({"rows": [{"name": "a", "config": "nope.yaml"}]}, "rows[0]: config file nope.yaml not found"),
+        ({"rows": [{"name": "a"}]}, "row 'a' has no config file; give base: or the row a config:"),
+        ({"base": "base.yaml"}, "give either grid: (named axes) or rows: (a list)"),
+        ({"base": "base.yaml", "rows": [{"name": "a"}], "grid": {"m": {"x": {}}}}, "give either grid:"),
+        ({"base": "base.yaml", "grid": {"m": {"x": {"conf": "a"}}}}, "grid.m.x: unknown key 'conf'; did you"),
+        ({"base": "base.yaml", "grid": {"m": {"x y": {}}}}, "grid.m: 'x y' is not a folder-safe name"),
+        (
+            {"base": "base.yaml", "grid": {"m": {"x": {}}}, "paper": {"z": 1}},
+            "paper.z: no such row in the grid",
+        ),
+        ({"base": "base.yaml", "grid": [{"m": {"x": {}}}, {"n": {"x": {}}}]}, "grid[1]: axes n differ"),
+        ({"base": "base.yaml", "rows": [{"name": "a"}, {"name": "a"}]}, "row 'a' appears twice"),
+        ({"base": "base.yaml", "rows": [{"name": "a", "args": ["--seed_everything=1"]}]}, "set by the sweep"),
+        (
+            {"base": "base.yaml", "args": "--x=1", "rows": [{"name": "a"}]},
+            "args must be a list of fit arguments",
+        ),
+        ({"base": "base.yaml", "seeds": [0, 0], "rows": [{"name": "a"}]}, "seeds=[0, 0] repeats a seed"),
+        ({"base": "base.yaml", "seeds": [-1], "rows": [{"name": "a"}]}, "must be a list of integers >= 0"),
+        ({"base": "base.yaml", "columns": ["fnal"], "rows": [{"name": "a"}]}, "did you mean 'final'?"),
+        (
+            {"base": "base.yaml", "columns": ["final", "final"], "rows": [{"name": "a"}]},
+            "a column is listed twice",
+        ),
+        ({"base": "base.yaml", "columns": ["rounds_to_target"], "rows": [{"name": "a"}]}, "needs a target:"),
+        ({"base": "base.yaml", "target": "high", "rows": [{"name": "a"}]}, "target='high' must be a number"),
+        ({"base": "base.yaml", "jobs": 0, "rows": [{"name": "a"}]}, "jobs=0 must be an integer >= 1"),
+        ({"base": "base.yaml", "check": {"tol": 1}, "rows": [{"name": "a"}]}, "check: unknown key 'tol'"),
+        ({"base": "base.yaml", "root": "nowhere", "rows": [{"name": "a"}]}, "is not a folder"),
+    ],
+)
+def test_a_bad_sweep_file_is_one_line_naming_the_key(tmp_path, capsys, content, message):
+    path = write_sweep(tmp_path, content)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "message"),
+    [
+        ("rows: [\n", [], "YAML syntax error at line 2"),
+        ("- a\n", [], "a sweep file is a mapping"),
+        (None, [], "no such sweep file"),
+        ("base: base.yaml\nrows: [{name: a}]\n", ["--rows", "b*"], "--rows b*: matches no row (rows: a)"),
+        ("base: base.yaml\nrows: [{name: a}]\n", ["--jobs", "0"], "--jobs=0 must be >= 1"),
+        (
+            "base: base.yaml\nrows: [{name: a}]\n",
+            ["--jobs", "two"],
+            "sweep: argument --jobs: invalid int value",
+        ),
+        ("base: base.yaml\nrows: [{name: a}]\n", ["--", "--ckpt_path=x"], "--ckpt_path is set by the sweep"),
+    ],
+)
+def test_unreadable_files_and_bad_options_are_one_line(tmp_path, capsys, text, args, message):
+    (tmp_path / "base.yaml").write_text("")
+    path = tmp_path / "s.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_no_sweep_file_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: sweep: the following arguments are required: sweep (python -m fl_lightning sweep --help)\n"
+    )
+
+
+def test_grid_blocks_paper_values_and_paths_relative_to_root(tmp_path):
+    (tmp_path / "configs").mkdir()
+    for name in ("c10.yaml", "c100.yaml", "a.yaml", "b.yaml"):
+        (tmp_path / "configs" / name).write_text("")
+    path = tmp_path / "recipes" / "x" / "s_cpu.yaml"
+    path.parent.mkdir(parents=True)
+    methods = {"a": {"config": "configs/a.yaml"}, "b": {"config": "configs/b.yaml", "args": ["--model.x=1"]}}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "root": "../..",
+                "grid": [
+                    {"data": {"c10": {"config": "configs/c10.yaml"}}, "method": methods},
+                    {"data": {"c100": {"config": "configs/c100.yaml"}}, "method": {"a": None}},
+                ],
+                "paper": {"c10": {"a": 1.5, "b": {"final": 2, "best": 3}}},
+            }
+        )
+    )
+    sweep = load_sweep(path)
+    assert sweep.root == tmp_path and sweep.name == "s_cpu"
+    assert sweep.out == tmp_path / "lightning_logs" / "sweeps" / "s_cpu"
+    assert sweep.check_table == path.with_suffix(".csv")
+    assert sweep.axes == ("data", "method")
+    assert [(r.name, r.configs, r.args, r.paper) for r in sweep.rows] == [
+        ("c10/a", ("configs/c10.yaml", "configs/a.yaml"), (), {"": 1.5}),
+        ("c10/b", ("configs/c10.yaml", "configs/b.yaml"), ("--model.x=1",), {"final": 2, "best": 3}),
+        ("c100/a", ("configs/c100.yaml",), (), {}),
+    ]
+
+
+def test_the_sweep_module_launches_the_cli_and_imports_nothing_of_the_engine():
+    tree = ast.parse(Path(sweep_module.__file__).read_text())
+    imported = {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    assert {m for m in imported if m.startswith("fl_lightning")} == {
+        "fl_lightning.errors",
+        "fl_lightning.runs",
+    }
+
+
+RECIPE_SWEEPS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name != "flower")
+
+
+@pytest.mark.parametrize("path", RECIPE_SWEEPS, ids=[str(p.relative_to(ROOT)) for p in RECIPE_SWEEPS])
+def test_every_recipe_sweep_file_loads_and_pins_threads_or_runs_one_at_a_time(path):
+    sweep = load_sweep(path)  # config files exist, keys and columns are known
+    assert sweep.root == ROOT and sweep.rows
+    assert sweep.out == ROOT / "lightning_logs" / "sweeps" / sweep.name
+    # CPU tables: one thread per run, reproducible (--check) whatever the machine; full size: one at a time
+    assert sweep.threads == 1 or (sweep.jobs == 1 and not path.stem.endswith("_cpu"))
+
+
+def test_the_readme_example_sweep_file_loads(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("```yaml\nname: methods_x_splits") + len("```yaml\n") :]
+    content = yaml.safe_load(block[: block.index("```")])
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "fedavg_digits.yaml", tmp_path / "configs")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(content))
+    sweep = load_sweep(tmp_path / "s.yaml")
+    assert [r.name for r in sweep.rows] == [
+        "fedavg/dir0.1",
+        "fedavg/path2",
+        "fedprox/dir0.1",
+        "fedprox/path2",
+    ]
+    assert sweep.rows[0].paper == {"": 76.0} and sweep.target == (None, 0.9)
+
+
+def test_load_sweep_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such sweep file"):
+        load_sweep(tmp_path / "none.yaml")
+
+
+# ------------------------------------------------------------------------------------------- real runs
+
+TINY = """\
+trainer:
+  max_steps: 2
+model:
+  client:
+    class_path: fl_lightning.ClientModule
+    init_args:
+      net:
+        class_path: fl_lightning.models.MLP
+        init_args: {in_features: 64, hidden: [16]}
+  local_steps: 2
+data:
+  num_clients: 4
+"""
+
+
+def sweep_cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "fl_lightning", "sweep", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.slow
+def test_a_2x2_grid_over_2_seeds_of_real_runs_then_a_second_start_runs_nothing(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "s.yaml").write_text(
+        """\
+base: tiny.yaml
+seeds: [0, 1]
+target: 0.2
+grid:
+  strategy:
+    fedavg: {}
+    fedprox: {args: [--model.strategy=FedProx, --model.strategy.mu=0.1]}
+  lr:
+    lr0.1: {}
+    lr0.05: {args: [--model.client.init_args.lr=0.05]}
+"""
+    )
+    first = sweep_cli(tmp_path, "s.yaml", "--jobs", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count(" done    ") == 8
+    out = tmp_path / "lightning_logs" / "sweeps" / "s"
+    folders = {str(p.parent.relative_to(out)) for p in out.glob("*/*/seed*/lightning_logs")}
+    assert folders == {
+        f"{m}/{lr}/seed{s}" for m in ("fedavg", "fedprox") for lr in ("lr0.1", "lr0.05") for s in (0, 1)
+    }
+    table = read_csv(out / "results.csv")
+    assert set(table) == {"fedavg/lr0.1", "fedavg/lr0.05", "fedprox/lr0.1", "fedprox/lr0.05"}
+    for name, row in table.items():
+        runs = [
+            json.loads(p.read_text()) for p in out.glob(f"{name}/seed*/lightning_logs/version_0/summary.json")
+        ]
+        finals = [100 * r["final_global_acc"] for r in runs]
+        assert float(row["final_mean"]) == pytest.approx(sum(finals) / 2)
+        assert float(row["final_std"]) == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
+    config = yaml.safe_load((out / "fedprox/lr0.05/seed1/lightning_logs/version_0/config.yaml").read_text())
+    assert config["seed_everything"] == 1 and config["model"]["client"]["init_args"]["lr"] == 0.05
+    assert config["model"]["strategy"]["init_args"]["mu"] == 0.1
+    assert config["model"]["threads_per_process"] == max(1, sweep_module.machine_cores() // 2)
+
+    second = sweep_cli(tmp_path, "s.yaml", "--jobs", "2")
+    assert second.returncode == 0 and second.stdout.count(" skipped ") == 8 and " start " not in second.stdout
+    assert not list(out.glob("*/*/seed*/lightning_logs/version_1"))
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_is_resumed_from_its_last_checkpoint(tmp_path):
+    from fl_lightning.cli import main as cli_main
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "s.yaml").write_text("base: tiny.yaml\ntarget: 0.0\nrows: [{name: r}]\n")
+    run = tmp_path / "lightning_logs" / "sweeps" / "s" / "r" / "seed0"
+    # a run interrupted after round 1: its last.ckpt, no summary
+    cli_main(
+        [
+            "fit",
+            f"--config={tmp_path / 'tiny.yaml'}",
+            "--trainer.max_steps=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={run}",
+        ]
+    )
+    (run / "lightning_logs" / "version_0" / "summary.json").unlink()
+    assert inspect_run(run).kind == "resume"
+
+    proc = sweep_cli(tmp_path, "s.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resume  r seed 0 from lightning_logs/version_0/checkpoints/last.ckpt" in proc.stdout
+    assert (
+        "--ckpt_path=lightning_logs/sweeps/s/r/seed0/lightning_logs/version_0/checkpoints/last.ckpt"
+        in (run / "fit.log").read_text()
+    )
+    summaries = sorted(run.glob("lightning_logs/version_*/summary.json"))
+    assert len(summaries) == 1
+    resumed = json.loads(summaries[0].read_text())
+    assert (resumed["rounds"], resumed["rounds_this_run"]) == (2, 1)
+    row = read_csv(run.parents[1] / "results.csv")["r"]
+    assert row["rounds_to_target_mean"] == "1.0"  # round 1 is in the first version's scalars
