@@ -15,7 +15,7 @@ import signal
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -809,6 +809,20 @@ def _filter_warnings(verbose: bool) -> None:
     warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
 
 
+@contextlib.contextmanager
+def console(verbose: bool = False) -> Iterator[None]:
+    """The command line's console for the duration of a command: the ``fl_lightning`` logger on stdout,
+    Lightning's noise and warnings that do not apply dropped (none with ``verbose``). The Flower
+    ServerApp fits inside it too."""
+    undo = _set_up_console(verbose)
+    try:
+        with warnings.catch_warnings():
+            _filter_warnings(verbose)
+            yield
+    finally:
+        undo()
+
+
 def main(args: Any = None) -> None:
     """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``.
 
@@ -826,10 +840,8 @@ def main(args: Any = None) -> None:
         sweep(argv[1:])  # exits with the sweep's status
         return
     args, verbose = _take_verbose(args)
-    undo_console = _set_up_console(verbose)
     try:
-        with warnings.catch_warnings():
-            _filter_warnings(verbose)
+        with console(verbose):
             FederatedCLI(args=args)
         leave_process_group()
     except SIGTERMException:
@@ -855,5 +867,3 @@ def main(args: Any = None) -> None:
             "--trainer.default_root_dir\n"
         )
         raise SystemExit(1) from None
-    finally:
-        undo_console()

@@ -18,6 +18,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fl_lightning.cli import console
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.flower.client_app import CONFIG_KEY
 from fl_lightning.flower.executor import FlowerExecutor
@@ -28,8 +29,9 @@ log = logging.getLogger("fl_lightning")
 
 #: Run-config keys (``[tool.flwr.app.config]`` or ``flwr run --run-config``) the ServerApp reads:
 #: rounds (else the config's ``trainer.max_steps``), where to save the final global model, a checkpoint
-#: to resume from.
-ROUNDS_KEY, SAVE_KEY, CKPT_KEY = "num-server-rounds", "save-path", "ckpt-path"
+#: to resume from, the folder of the run's ``lightning_logs`` (``trainer.default_root_dir``; else the
+#: ServerApp's working folder).
+ROUNDS_KEY, SAVE_KEY, CKPT_KEY, ROOT_KEY = "num-server-rounds", "save-path", "ckpt-path", "root-dir"
 
 #: Called with the fitted module (its ``client`` is the final global model, ``history`` the rounds).
 OnEnd = Callable[[FederatedModule], None]
@@ -62,10 +64,11 @@ def fit_on_grid(
         The fitted module.
     """
     extra = [f"--trainer.max_steps={num_rounds}"] if num_rounds else []
-    cli = load_run(config, [*overrides, *extra], root)
-    module = cli.model
-    module.use_executor(FlowerExecutor(grid, wait_for_nodes=wait_for_nodes, timeout=timeout))
-    cli.trainer.fit(module, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    with console():
+        cli = load_run(config, [*overrides, *extra], root)
+        module = cli.model
+        module.use_executor(FlowerExecutor(grid, wait_for_nodes=wait_for_nodes, timeout=timeout))
+        cli.trainer.fit(module, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return module
 
 
@@ -80,7 +83,8 @@ def server_app(
     """The Flower ``ServerApp`` of an fl_lightning config (see :func:`fit_on_grid`).
 
     With a run-config ``save-path`` it saves the final global model's ``state_dict`` there
-    (``torch.save``); ``ckpt-path`` resumes an earlier run's checkpoint.
+    (``torch.save``); ``ckpt-path`` resumes an earlier run's checkpoint; ``root-dir`` is where the run's
+    ``lightning_logs/version_N`` goes.
 
     Args:
         config: The YAML of ``python -m fl_lightning fit --config``. The run config's ``config``
@@ -104,7 +108,9 @@ def server_app(
                 )
             rounds = num_rounds or int(context.run_config.get(ROUNDS_KEY, 0)) or None
             ckpt = context.run_config.get(CKPT_KEY) or None
-            module = fit_on_grid(grid, str(path), overrides, root, rounds, ckpt, wait_for_nodes)
+            where = context.run_config.get(ROOT_KEY)
+            extra = [f"--trainer.default_root_dir={where}"] if where else []
+            module = fit_on_grid(grid, str(path), [*overrides, *extra], root, rounds, ckpt, wait_for_nodes)
         except (ConfigError, RunError) as err:
             log.error("error: %s", err)
             raise

@@ -100,14 +100,15 @@ def test_flwr_run_in_the_recipe_folder_runs_the_rounds(tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     # Flower's default local federation: 2 SuperNodes, each hosting 2 of the config's 4 clients
-    cmd = [str(BIN / "flwr"), "run", ".", "--run-config", f'save-path="{saved}"', "--stream"]
+    config = f'save-path="{saved}" root-dir="{tmp_path / "runs"}"'
+    cmd = [str(BIN / "flwr"), "run", ".", "--run-config", config, "--stream"]
     try:
         proc = subprocess.run(cmd, cwd=APP, env=env, capture_output=True, text=True, timeout=600)
         log = proc.stdout + proc.stderr
-        Path("/tmp/flwrlog.txt").write_text(log)
         assert proc.returncode == 0, log[-3000:]
         assert "rounds: 3 (this run: 3)" in log and "Exit Code" not in log, log[-3000:]  # the summary
         assert max_diff(torch.load(saved), fit_weights(tmp_path / "fit")) <= 1e-5
+        assert (tmp_path / "runs" / "lightning_logs" / "version_0" / "summary.json").is_file()
 
         links = _superlinks(home)
         assert len(links) == 1, links  # Flower's managed SuperLink, kept running by design
