@@ -231,7 +231,7 @@ class FederatedCLI(LightningCLI):
         ``seed_everything``: set it to keep a split fixed while ``seed_everything`` varies the training.
         """
         parser.link_arguments("seed_everything", "model.seed", compute_fn=_run_seed)
-        for action in parser._actions:
+        for action in parser._actions:  # argparse has no public API to edit an action's help
             if action.dest == "seed_everything":
                 action.help = (
                     "The run's one seed: global RNGs (network initialisation), model.seed (client "
@@ -349,6 +349,10 @@ class FederatedCLI(LightningCLI):
         Its folder is the resumed run's when that lies in the logger's folder. Only the process of global
         rank 0 claims: the others write no logs, and Lightning hands them rank 0's folder where one is
         needed (``trainer.log_dir``, checkpoint folders).
+
+        Lightning's loggers choose their version lazily, through private members (``_version``,
+        ``_get_next_version``), and have no public hook to claim it atomically or late: they are used
+        here, and lightning is capped at <2.7 (the tested release) in pyproject.toml.
         """
         if not isinstance(logger, (TensorBoardLogger, CSVLogger)) or logger._version is not None:
             return

@@ -5,9 +5,10 @@ subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside f
 
    10  fl_lightning (the package root: re-exports), __main__
     9  flower       the Flower adapter: ServerApp/ClientApp over the engine (optional extra)
-    8  cli, sweep   the command line; grids of runs over seeds
-    7  cli_errors, runs
-                    one-line messages of the command line; reading finished runs (no package imports)
+    8  cli          the command line
+    7  cli_errors, sweep
+                    one-line messages of the command line; grids of runs over seeds (launched as
+                    processes of the command line: no imports above layer 0)
     6  lightning    the Lightning adapter: FederatedModule (a round is a training step), checkpoints
     5  callbacks    Lightning callbacks with federated hooks
     4  engine | strategies
@@ -18,7 +19,7 @@ subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside f
     2  data | models
                     datasets and partitions | networks (neither imports the other)
     1  functional   pure math on whole parameter groups
-    0  errors       ConfigError, RunError, check_number
+    0  errors, runs ConfigError, RunError, check_number; reading finished run folders
 
 So there is no cycle between subpackages, and a layer can be read without the ones above it.
 """
@@ -35,6 +36,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fl_lightning"
 #: Layer of each subpackage or top-level module ("" is the package root).
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "runs": 0,
     "functional": 1,
     "data": 2,
     "models": 2,
@@ -44,9 +46,8 @@ LAYERS: dict[str, int] = {
     "callbacks": 5,
     "lightning": 6,
     "cli_errors": 7,
-    "runs": 7,
     "cli": 8,
-    "sweep": 8,
+    "sweep": 7,
     "flower": 9,
     "": 10,
     "__main__": 10,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.cli import main
+from fl_lightning.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -40,7 +41,11 @@ def readme_commands(section: str) -> list[str]:
 
 
 def tiny(args: list[str]) -> list[str]:
-    """A ``fit`` command at tiny sizes: 2 rounds, or 3 where it sets its own (to extend a 2-round run)."""
+    """A ``fit`` command at tiny sizes: 2 rounds, or 3 where it sets its own (to extend a 2-round run); a
+    ``sweep`` of its first row and seed 0, one round."""
+    if args[0] == "sweep":
+        first = load_sweep(args[1]).rows[0].name
+        return [*args, "--rows", first, "--seeds", "0", "--", "--trainer.max_steps=1"]
     if args[0] != "fit" or "--help" in args or "--print_config" in args:
         return args
     rounds = [i for i, a in enumerate(args) if a.startswith("--trainer.max_steps")]
@@ -81,7 +86,8 @@ def test_the_readme_blocks_hold_the_commands_this_test_runs():
 
 @pytest.mark.slow
 def test_every_setup_and_quickstart_command_runs(tmp_path, monkeypatch):
-    (tmp_path / "configs").symlink_to(ROOT / "configs")  # the README runs from the repository root
+    for folder in ("configs", "recipes"):  # the README runs from the repository root
+        (tmp_path / folder).symlink_to(ROOT / folder)
     monkeypatch.chdir(tmp_path)
     for command in readme_commands("Setup") + readme_commands("Quickstart"):
         run(command, tmp_path)

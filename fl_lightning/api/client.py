@@ -186,7 +186,7 @@ class ClientModule(LightningModule):
         metrics = self.fl_train_metrics
         if metrics["train_loss"].update_count == 0:
             return {}
-        names = [(k, attr) for k, m in metrics.items() for attr in m._defaults]
+        names = [(k, attr) for k, m in metrics.items() for attr in m.metric_state]
         values = torch.stack([getattr(metrics[k], attr).detach() for k, attr in names]).cpu()
         state: TrainState = {k: {} for k in metrics}
         for (k, attr), value in zip(names, values, strict=True):
@@ -218,5 +218,7 @@ def merge_train_states(states: Iterable[TrainState]) -> dict[str, float]:
         for k, metric in merged.items():
             if k in state:
                 metric.merge_state(state[k])
-                metric._update_count += 1  # torchmetrics 1.9's merge_state does not count (compute warns)
+                # torchmetrics 1.9's merge_state does not count (compute warns) and the count has no public
+                # setter: a private attribute, torchmetrics capped at <1.10 in pyproject.toml
+                metric._update_count += 1
     return {k: float(m.compute()) for k, m in merged.items() if m.update_count}

@@ -71,6 +71,11 @@ KEYS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+#: Never all-gather inside ``compute()``: across processes, states are combined explicitly with
+#: :meth:`TaskMetrics.merge` (the engine's executors gather them), so a process that evaluated nothing
+#: cannot hang.
+_LOCAL: dict[str, Any] = {"sync_on_compute": False}
+
 # torchmetrics warns on every compute for each label without positives (its AP is undefined there);
 # ``map_macro`` leaves those labels out on purpose, so the warning is noise.
 _NO_POSITIVES_WARNING = r"No positive samples found in target"
@@ -91,8 +96,8 @@ def classification_metrics(num_classes: int) -> MetricCollection:
     """
     return MetricCollection(
         {
-            "acc": MulticlassAccuracy(num_classes=num_classes, average="micro"),
-            "loss": MeanMetric(),
+            "acc": MulticlassAccuracy(num_classes=num_classes, average="micro", **_LOCAL),
+            "loss": MeanMetric(**_LOCAL),
         }
     )
 
@@ -112,15 +117,16 @@ def multilabel_metrics(num_labels: int) -> MetricCollection:
     """
     metrics: dict[str, Metric] = {}
     for prefix, average in (("c", "macro"), ("o", "micro")):
-        kwargs: dict[str, Any] = {"num_labels": num_labels, "average": average, "threshold": 0.5}
+        kwargs: dict[str, Any] = {"num_labels": num_labels, "average": average, "threshold": 0.5, **_LOCAL}
         metrics[f"{prefix}_precision"] = MultilabelPrecision(**kwargs, zero_division=0)
         metrics[f"{prefix}_recall"] = MultilabelRecall(**kwargs, zero_division=0)
         metrics[f"{prefix}_f1"] = MultilabelF1Score(**kwargs, zero_division=0)
     # Both AP metrics keep the same (preds, target) state, so the collection's compute groups store the
     # scores once; likewise the six P/R/F1 metrics share one set of per-label TP/FP/TN/FN counts.
-    metrics["map_macro"] = MultilabelAveragePrecision(num_labels=num_labels, average=None, thresholds=None)
-    metrics["map_micro"] = MultilabelAveragePrecision(num_labels=num_labels, average="micro", thresholds=None)
-    metrics["loss"] = MeanMetric()
+    ap = {"num_labels": num_labels, "thresholds": None, **_LOCAL}
+    metrics["map_macro"] = MultilabelAveragePrecision(average=None, **ap)
+    metrics["map_micro"] = MultilabelAveragePrecision(average="micro", **ap)
+    metrics["loss"] = MeanMetric(**_LOCAL)
     return MetricCollection(metrics)
 
 
@@ -150,11 +156,6 @@ class TaskMetrics(nn.Module):
         self.loss: Metric = members.pop("loss")
         self.scores = MetricCollection(members)
         self._update_count = 0
-        # Never all-gather inside compute(): across processes, states are combined explicitly with
-        # merge() (the engine's executors gather them), so a process that evaluated nothing cannot hang.
-        for metric in self._members().values():
-            metric.sync_on_compute = False
-            metric._to_sync = False  # torchmetrics copies the flag at construction
 
     @classmethod
     def for_task(cls, task: str, num_classes: int) -> TaskMetrics:
@@ -257,7 +258,8 @@ class TaskMetrics(nn.Module):
             # compute group stays consistent; the next update re-links the group members.
             metric.merge_state(state)
             # torchmetrics 1.9's merge_state neither adds the update count (compute would then warn
-            # "called before the update method") nor drops the value cached by an earlier compute().
+            # "called before the update method") nor drops the value cached by an earlier compute(),
+            # and has no public way to do either: private attributes, torchmetrics capped at <1.10.
             metric._update_count += incoming._update_count
             metric._computed = None
         self._update_count += other._update_count

@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 BATCHED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 #: ClientModule methods the stacked worker re-implements; a subclass overriding one falls back.
 _CLIENT_HOOKS = ("forward", "training_step", "task_loss", "configure_optimizers", "on_before_optimizer_step")
+#: torch's dropout layers (by their public classes).
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 #: Bytes per client of model-size tensors besides the activations: parameters, gradients, optimizer
 #: state (up to 2), stacked message and state entries, the strategy's terms and SAM's saved weights.
 _MODEL_COPIES = 8
@@ -109,9 +111,10 @@ def cannot_vectorize(
     if len({id(p) for _, p in named}) != len(named):
         return "the network shares (ties) parameters"
     for module in worker.modules():
-        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+        running = getattr(module, "running_mean", None) is not None  # BatchNorm, InstanceNorm(track_...)
+        if running and getattr(module, "track_running_stats", False):
             return f"{type(module).__name__} keeps running statistics"
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        if isinstance(module, _DROPOUT) and module.p > 0:
             return "dropout's random draws inside vmap cannot replay the sequential run's"
     if getattr(precision, "scaler", None) is not None:
         return "16-bit mixed precision steps through a gradient scaler"

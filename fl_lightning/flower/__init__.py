@@ -18,8 +18,8 @@ from typing import Any
 
 from lightning_utilities.core.imports import RequirementCache
 
-#: The Flower releases this package is tested with (Message API: ``flwr.serverapp.strategy``, 1.41).
-FLWR_REQUIREMENT = "flwr>=1.41"
+#: The Flower releases this package is tested with (the Message API, Grid, ``flwr run`` of 1.42).
+FLWR_REQUIREMENT = "flwr>=1.42,<1.43"
 
 
 def require_flwr(requirement: str = FLWR_REQUIREMENT) -> None:

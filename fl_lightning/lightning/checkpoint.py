@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec.utils import get_protocol
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
@@ -37,6 +36,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from fl_lightning.errors import ConfigError
 
 log = logging.getLogger("fl_lightning")
+
+#: A checkpoint's path (a local path or an fsspec URL such as ``s3://...``).
+PathLike = str | os.PathLike
+
+
+def _is_local(path: PathLike) -> bool:
+    """Whether ``path`` is on the local file system (fsspec's protocol ``file``)."""
+    return get_protocol(str(path)) == "file"
 
 #: Name of a checkpoint's temporary file while it is written: ``.<name>.tmp-<pid>``.
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
@@ -68,9 +75,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], path: PathLike, storage_options: Any | None = None
     ) -> None:
-        if storage_options is not None or not _is_local_file_protocol(path):
+        if storage_options is not None or not _is_local(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         target = Path(path).expanduser().absolute()
@@ -90,7 +97,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(
         self,
-        path: _PATH,
+        path: PathLike,
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
@@ -100,13 +107,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ConfigError: one ``ckpt_path:`` line for a file that is not a checkpoint
                 (see :func:`load_checkpoint_file`).
         """
-        if not _is_local_file_protocol(path):
+        if not _is_local(path):
             return super().load_checkpoint(path, map_location, weights_only)
         return load_checkpoint_file(path, map_location, True if weights_only is None else weights_only)
 
 
 def load_checkpoint_file(
-    path: _PATH, map_location: Any = None, weights_only: bool = True, mmap: bool = False
+    path: PathLike, map_location: Any = None, weights_only: bool = True, mmap: bool = False
 ) -> dict[str, Any]:
     """``torch.load`` a local Lightning checkpoint; anything else is one ``ckpt_path:`` line.
 
@@ -211,8 +218,9 @@ class LastRoundCheckpoint(ModelCheckpoint):
         dirpath: Folder of ``last.ckpt`` (default: ``<log_dir>/checkpoints``, as ModelCheckpoint).
     """
 
-    def __init__(self, dirpath: _PATH | None = None) -> None:
+    def __init__(self, dirpath: PathLike | None = None) -> None:
         super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, enable_version_counter=False)
+        self.saved_round = -1  # the rounds done when last.ckpt was last written
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         """Nothing: a round is saved once its validation has run (or at the end of the epoch)."""
@@ -231,10 +239,16 @@ class LastRoundCheckpoint(ModelCheckpoint):
             trainer.fast_dev_run
             or trainer.state.fn != TrainerFn.FITTING
             or trainer.sanity_checking
-            or self._last_global_step_saved == trainer.global_step
+            or self.saved_round == trainer.global_step
+            or self.dirpath is None
         ):
             return
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        # Lightning's public save (every process calls it; the global-zero one writes, through the
+        # Trainer's CheckpointIO: AtomicCheckpointIO from the CLI)
+        path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state: resume needs the optimizer
+        self.saved_round = trainer.global_step
+        self.last_model_path = path
 
 
 # ---------------------------------------------------------------------------------- resume checks
@@ -334,6 +348,14 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> None:
         raise FingerprintError(diffs)
 
 
+def attached_trainer(module: LightningModule) -> Trainer | None:
+    """``module.trainer``, or None when the module is not attached to one (Lightning raises then)."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None
+
+
 def check_resume(module: LightningModule, checkpoint: dict[str, Any], fingerprint: dict[str, Any]) -> None:
     """Checks run when ``module`` loads ``checkpoint`` (``fingerprint``: the module's current one).
 
@@ -345,7 +367,7 @@ def check_resume(module: LightningModule, checkpoint: dict[str, Any], fingerprin
     """
     fl = checkpoint["fl_lightning"]
     check_fingerprint(fl["fingerprint"], fingerprint)
-    trainer = module._trainer
+    trainer = attached_trainer(module)
     if trainer is None or trainer.state.fn != TrainerFn.FITTING:
         return
     done = int(checkpoint.get("global_step", 0))

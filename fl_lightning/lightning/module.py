@@ -31,7 +31,7 @@ from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, Serve
 from fl_lightning.engine.state import ClientStateStore
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import to_device
-from fl_lightning.lightning.checkpoint import check_resume, hyperparameters
+from fl_lightning.lightning.checkpoint import attached_trainer, check_resume, hyperparameters
 from fl_lightning.lightning.loggers import RoundStepLogger
 from fl_lightning.strategies.fedavg import FedAvg
 
@@ -489,7 +489,7 @@ class FederatedModule(LightningModule):
 
     def teardown(self, stage: str) -> None:
         """Give the data module's training tensors back to the host, as Lightning does with the module."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = getattr(attached_trainer(self), "datamodule", None)
         if isinstance(dm, FederatedDataModule) and dm.splits is not None:
             dm.to("cpu")
 
