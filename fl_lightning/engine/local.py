@@ -23,6 +23,7 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData
+from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sharpness import clip_grads_
 from fl_lightning.functional.tensor import (
     Payload,
@@ -127,6 +128,40 @@ class LocalConfig:
     compile: bool | str = False
     vectorize: int = 1
     vectorize_memory_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a bad value with one line naming its ``model.<field>`` (as the config spells it)."""
+        if self.local_steps is None and self.local_epochs < 1:
+            raise ConfigError(
+                f"model.local_epochs={self.local_epochs} must be >= 1 (or set model.local_steps)"
+            )
+        if self.local_steps is not None and self.local_steps < 1:
+            raise ConfigError(f"model.local_steps={self.local_steps} must be >= 1")
+        check_number(
+            self.lr_decay,
+            "model.lr_decay",
+            low=0,
+            high=1,
+            low_open=True,
+            hint="the papers use 0.998 per round",
+        )
+        if self.grad_clip_norm is not None:
+            hint = "or null: no clipping"
+            check_number(self.grad_clip_norm, "model.grad_clip_norm", low=0, low_open=True, hint=hint)
+        check_number(self.seed, "model.seed", low=0, hint="e.g. 0")
+        if self.compile not in (False, True, "default", "reduce-overhead", "max-autotune"):
+            raise ConfigError(
+                f"model.compile={self.compile!r} must be true, false or a torch.compile mode "
+                "(default, reduce-overhead, max-autotune)"
+            )
+        v = self.vectorize
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model.vectorize={v!r} must be an integer >= 1 (1: one client at a time)")
+        if self.vectorize_memory_gb is not None:
+            hint = "or null: automatic"
+            check_number(
+                self.vectorize_memory_gb, "model.vectorize_memory_gb", low=0, low_open=True, hint=hint
+            )
 
     def compile_mode(self, device: torch.device) -> str | None:
         """The ``torch.compile`` mode of the clients' forward pass (None: eager).

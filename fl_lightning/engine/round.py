@@ -48,7 +48,7 @@ from fl_lightning.data.federated import ClientData
 from fl_lightning.engine.attack import SimulatedAttack
 from fl_lightning.engine.local import LocalConfig, check_upload
 from fl_lightning.engine.state import ClientStateStore
-from fl_lightning.errors import ConfigError, RunError
+from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.tensor import derive_seed, module_device, payload_bytes
 
@@ -117,6 +117,15 @@ class EngineConfig:
     max_failed_rounds: int = 3
     attack: SimulatedAttack | None = None
     eval_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        """Refuse a bad value with one line naming its ``model.<field>`` (as the config spells it)."""
+        hint = "e.g. 0.1 samples 10% of clients"
+        check_number(self.participation, "model.participation", low=0, high=1, low_open=True, hint=hint)
+        if self.max_failed_rounds < 1:
+            raise ConfigError(f"model.max_failed_rounds={self.max_failed_rounds} must be >= 1 (default 3)")
+        hint = "e.g. 0.1 evaluates 10%"
+        check_number(self.eval_fraction, "model.eval_fraction", low=0, high=1, low_open=True, hint=hint)
 
     @property
     def seed(self) -> int:

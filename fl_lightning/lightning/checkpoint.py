@@ -45,6 +45,7 @@ def _is_local(path: PathLike) -> bool:
     """Whether ``path`` is on the local file system (fsspec's protocol ``file``)."""
     return get_protocol(str(path)) == "file"
 
+
 #: Name of a checkpoint's temporary file while it is written: ``.<name>.tmp-<pid>``.
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
