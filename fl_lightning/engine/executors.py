@@ -296,9 +296,9 @@ class ProcessGroup(Executor):
         per, merged = self.inner.evaluate(engine, clients[rank::size])
         merged_all = engine.metrics()
         gathered: dict[int, dict[str, float]] = {}
-        for part_per, part_merged in all_gather_objects((per, merged.cpu())):
+        for part_per, states in all_gather_objects((per, merged.state_tensors())):
             gathered.update(part_per)
-            merged_all.merge(part_merged)
+            merged_all.merge(TaskMetrics.from_state_tensors(merged.task, merged.num_classes, states))
         return dict(sorted(gathered.items())), merged_all
 
 

@@ -577,10 +577,11 @@ def check_trainer_options(trainer: Any) -> None:
 
 
 def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:
-    """``metrics`` merged by state over all processes (itself outside a process group)."""
+    """``metrics`` merged by state over all processes (itself outside a process group); the states travel
+    as plain tensors (:meth:`TaskMetrics.state_tensors`), not as pickled modules."""
     if not is_distributed():
         return metrics
     merged = metrics.clone()
-    for part in all_gather_objects(copy.deepcopy(metrics).cpu()):
-        merged.merge(part)
+    for part in all_gather_objects(metrics.state_tensors()):
+        merged.merge(TaskMetrics.from_state_tensors(metrics.task, metrics.num_classes, part))
     return merged

@@ -316,3 +316,29 @@ def test_cuda(task, num_classes, logits, target, clients) -> None:
     for s in clients[1:]:
         follows.merge(_updated(task, num_classes, logits[s], target[s]))
     _assert_close(follows.compute(), cpu)
+
+
+@pytest.mark.parametrize(("task", "classes"), [("multiclass", 4), ("multilabel", 5)])
+def test_metric_states_travel_as_plain_tensors(task, classes):
+    """state_tensors -> from_state_tensors rebuilds the metrics exactly (a Flower reply, a process group's
+    exchange), and merging the rebuilt halves equals evaluating every batch in one instance."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(30, classes, generator=g)
+    target = (
+        torch.randint(0, classes, (30,), generator=g)
+        if task == "multiclass"
+        else (torch.rand(30, classes, generator=g) > 0.6).long()
+    )
+    whole, a, b = (TaskMetrics(task, classes) for _ in range(3))
+    whole.update(logits, target)
+    a.update(logits[:12], target[:12])
+    b.update(logits[12:], target[12:])
+    states = {k: v for k, v in a.state_tensors().items()}
+    assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in states.values())
+    assert TaskMetrics.from_state_tensors(task, classes, states).compute() == pytest.approx(a.compute())
+    merged = TaskMetrics(task, classes)
+    for part in (a, b):
+        merged.merge(TaskMetrics.from_state_tensors(task, classes, part.state_tensors()))
+    assert merged.compute() == pytest.approx(whole.compute(), nan_ok=True)
+    empty = TaskMetrics(task, classes).state_tensors()
+    assert not TaskMetrics.from_state_tensors(task, classes, empty).updated
