@@ -73,13 +73,24 @@ def global_weights(module: FederatedModule) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def fit(tmp_path):
-    """Run ``rounds`` rounds of ``module`` on ``data``; returns the trainer."""
+    """Run ``rounds`` rounds of ``module`` on ``data``; returns the trainer.
+
+    A client whose local work raised or uploaded non-finite values is excluded from its round and the run
+    goes on (``model.tolerate_client_failures``), so a broken feature could pass a test that only compares
+    weights; the fixture therefore fails the test when a client failed, unless ``allow_failed_clients``.
+    """
 
     def run(
-        module: FederatedModule, data: FederatedDataModule | None = None, rounds: int = 2, **trainer_kw: Any
+        module: FederatedModule,
+        data: FederatedDataModule | None = None,
+        rounds: int = 2,
+        allow_failed_clients: bool = False,
+        **trainer_kw: Any,
     ):
         trainer = make_trainer(tmp_path, rounds=rounds, **trainer_kw)
         trainer.fit(module, datamodule=data or make_data())
+        failed = [(r["round"], r["failed"]) for r in module.history if r.get("failed")]
+        assert allow_failed_clients or not failed, f"clients failed (round, count): {failed}"
         return trainer
 
     return run

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -325,9 +324,8 @@ def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fa
     previous = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
-    start = time.monotonic()
     outcome, interrupted = execute(sweep, runs_of(sweep), jobs=2, threads=1, extra=[])
-    assert interrupted and outcome == {} and time.monotonic() - start < 30
+    assert interrupted and outcome == {}
     assert "interrupted: 2 run(s) stopped; start the sweep again" in capsys.readouterr().out
     for run in runs_of(sweep):  # each run got SIGINT (Lightning's graceful stop), not a kill
         assert (run.folder / "interrupted").exists()

@@ -1,16 +1,19 @@
 """The Strategy API's own mechanics: personal entries, extra payload groups, local_step."""
 
+import copy
 import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
+from sklearn.metrics import accuracy_score
 from torch import nn
 
-from fl_lightning.api.strategy import Strategy, StrategyWrapper
+from fl_lightning.api.strategy import PERSONAL, Strategy, StrategyWrapper
 from fl_lightning.strategies import FedAvg
 
-from conftest import global_weights, make_module
+from conftest import global_weights, make_data, make_module
 
 
 class PersonalHead(FedAvg):
@@ -33,7 +36,8 @@ def test_personal_entries_stay_on_their_client(fit):
     strategy = PersonalHead()
     module = make_module(strategy, clients_per_round=4)
     start = global_weights(module)
-    fit(module, rounds=2)
+    data = make_data()
+    fit(module, rounds=2, data=data)
     assert strategy.uploaded and not any(n.startswith("net.classifier.2.") for n in strategy.uploaded)
     end = global_weights(module)
     for name in ("net.classifier.2.weight", "net.classifier.2.bias"):  # never aggregated
@@ -41,9 +45,21 @@ def test_personal_entries_stay_on_their_client(fit):
     heads = [module.store.get(c)["personal/net.classifier.2.weight"] for c in range(4)]
     assert all(not torch.equal(heads[0], h) for h in heads[1:])  # one head per client
     assert not torch.equal(heads[0], start["net.classifier.2.weight"])
-    # personalised evaluation uses each client's own head: not all clients see the same model
-    per = module.client_eval
-    assert len(per) == 4 and "acc" in per[0]
+    # personalised evaluation: each client's metrics are those of the global body with its own head
+    per = module.final_client_metrics()
+    assert sorted(per) == [0, 1, 2, 3]
+    for c in range(4):
+        client = data.clients[c]
+        idx = client.test_idx if client.test_idx.numel() else client.train_idx
+        x, y = client.x[idx], client.y[idx]
+        own, shared = copy.deepcopy(module.client), copy.deepcopy(module.client)
+        state = module.store.get(c)
+        own.load_state_dict({**end, **{n: state[PERSONAL + n] for n in strategy.personal_names(own)}})
+        with torch.no_grad():
+            logits, logits_shared = own(x), shared(x)
+        assert per[c]["acc"] == pytest.approx(accuracy_score(y.numpy(), logits.argmax(-1).numpy()), abs=1e-6)
+        assert per[c]["loss"] == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+        assert per[c]["loss"] != pytest.approx(float(F.cross_entropy(logits_shared, y)), rel=1e-3)
 
 
 class DoubleStep(FedAvg):

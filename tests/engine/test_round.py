@@ -101,7 +101,7 @@ def test_local_epochs_run_ceil_n_over_b_steps_per_epoch(fit):
 def test_failing_and_non_finite_clients_are_excluded(fit, caplog):
     rec = Recorder(fail={1}, nan={2})
     module = make_module(rec)
-    trainer = fit(module, rounds=2)
+    trainer = fit(module, rounds=2, allow_failed_clients=True)
     assert [r["failed"] for r in module.history] == [2, 2]
     assert all(torch.isfinite(v).all() for v in global_weights(module).values())
     assert trainer.callback_metrics["round/failed_clients"] == 2
@@ -120,7 +120,7 @@ def test_a_round_where_every_client_fails_is_skipped(fit, caplog):
     module = make_module(Recorder(fail={0, 1, 2, 3}, fail_rounds={0}), clients_per_round=1)
     before = global_weights(module)
     seen = WeightsAtRoundEnd()
-    trainer = fit(module, rounds=2, callbacks=[seen])
+    trainer = fit(module, rounds=2, callbacks=[seen], allow_failed_clients=True)
     assert trainer.global_step == 2
     assert [(r["round"], r["skipped"], r["failed"]) for r in module.history] == [(0, True, 1), (1, False, 0)]
     assert all(torch.equal(seen.weights[0][k], v) for k, v in before.items())
@@ -142,7 +142,7 @@ class FailingAvgM(FedAvgM):
 def test_a_skipped_round_leaves_server_momentum_and_weights_alone(fit):
     module = make_module(FailingAvgM(fail_rounds={1}))
     seen = WeightsAtRoundEnd()
-    trainer = fit(module, rounds=3, callbacks=[seen])
+    trainer = fit(module, rounds=3, callbacks=[seen], allow_failed_clients=True)
     assert trainer.global_step == 3
     assert [r["skipped"] for r in module.history] == [False, True, False]
     assert all(torch.equal(seen.weights[1][k], v) for k, v in seen.weights[0].items())

@@ -16,6 +16,8 @@ from fl_lightning.models.fedpara import (
     fedpara_rank,
 )
 
+from conftest import make_data
+
 
 def _numel(module):
     return sum(p.numel() for n, p in module.named_parameters() if n != "bias")
@@ -47,13 +49,17 @@ def test_r_max_is_the_largest_rank_within_the_dense_size(shape):
 
 
 def test_gamma_zero_reaches_full_rank_with_few_parameters():
-    # Prop. 1: rank(W1 ⊙ W2) <= R^2; r_min = ceil(sqrt(min(O, I))) makes full rank reachable
+    # Prop. 1: rank(W1 ⊙ W2) <= R^2, so full rank needs R^2 >= min(O, I): r_min = ceil(sqrt(min(O, I))).
+    # O = 20, I = 30: sqrt(20) = 4.47, r_min = 5 (R = 4 could reach rank 16 only)
     torch.manual_seed(0)
-    rank = fedpara_rank(16, 20, None, 0.0)
-    assert rank == 4
-    lin = HadamardLinear(20, 16, rank)
-    assert torch.linalg.matrix_rank(lin.weight().detach()) == 16  # a rank-4 product alone has rank 4
-    assert _numel(lin) == 288 < 320
+    rank = fedpara_rank(20, 30, None, 0.0)
+    assert rank == 5
+    lin = HadamardLinear(30, 20, rank)
+    assert torch.linalg.matrix_rank(lin.weight().detach()) == 20
+    assert torch.linalg.matrix_rank((lin.x1 @ lin.y1.T).detach()) == 5  # one low-rank factor alone: rank R
+    below = HadamardLinear(30, 20, rank - 1)
+    assert torch.linalg.matrix_rank(below.weight().detach()) == 16  # R^2 < min(O, I): not full rank
+    assert _numel(lin) == 2 * 5 * (20 + 30) == 500 < 20 * 30
 
 
 def test_layers_equal_the_dense_layers_they_reconstruct():
@@ -89,10 +95,24 @@ def test_the_wrapper_replaces_every_layer_and_trains(fit):
     assert not any(k in (nn.Conv2d, nn.Linear) for k in kinds)
     convs_only = FedPara(SmallCNN(width=4, hidden=16), linear=False)
     assert sum(isinstance(m, nn.Linear) for m in convs_only.modules()) == 2
+    # ranks at gamma 0.5 by hand, R = ceil((r_min + r_max) / 2); parameters with the biases:
+    # conv 1->4 5x5: r_min 1, r_max 1, R 1: 2 (25 + 5) + 4 = 64; conv 4->8 5x5: r_min 2, r_max 3, R 3:
+    # 2 (9 * 25 + 3 * 12) + 8 = 530; fc 32->16: R ceil((4 + 5) / 2) = 5: 2 * 5 * 48 + 16 = 496;
+    # fc 16->16: R 4: 272; fc 16->10: r_min 4, r_max max(3, r_min) = 4, R 4: 218 (dense LeNet: 1882)
+    layers = [m for m in net.modules() if isinstance(m, (HadamardConv2d, HadamardLinear))]
+    assert [m.rank for m in layers] == [1, 3, 5, 4, 4]
+    assert sum(p.numel() for p in net.parameters()) == 64 + 530 + 496 + 272 + 218 == 1580
     torch.manual_seed(0)
-    module = FederatedModule(client=ClientModule(net, lr=0.05, momentum=0.0), local_steps=2)
-    fit(module, rounds=1)
-    assert all(torch.isfinite(p).all() for p in module.client.parameters())
+    module = FederatedModule(client=ClientModule(net, lr=0.5, momentum=0.0), local_steps=2)
+    start = {n: p.detach().clone() for n, p in module.client.named_parameters()}
+    fit(module, rounds=1, data=make_data())
+    (record,) = module.history
+    assert (record["clients"], record["failed"]) == (4, 0)
+    assert record["bytes_up"] == 4 * 1580 * 4  # every client uploads the factors (float32), not dense weights
+    # every factor got a gradient and was aggregated: it moved by >= 1e-4 here, where the weighted mean
+    # of identical values alone moves a tensor by float32 round-off (~1e-7)
+    for n, p in module.client.named_parameters():
+        assert float((p.detach() - start[n]).abs().max()) > 1e-5, n
 
 
 def test_bad_gamma_names_the_field():

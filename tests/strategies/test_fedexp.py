@@ -4,11 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+from fl_lightning.engine import RoundListener
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedExP, RoundInfo
 from fl_lightning.strategies.fedexp import extrapolation_step
 
-from conftest import make_module
+from conftest import make_engine
 
 
 def test_step_size_formula():
@@ -35,12 +36,42 @@ def test_server_extrapolates_the_average_update():
     torch.testing.assert_close(model.weight, torch.tensor([[1.0, 1.0 + 0.5 * eta]]))
 
 
-def test_clients_upload_their_squared_update_norm(fit):
-    module = make_module(FedExP())
-    fit(module, rounds=1)
-    model_bytes = sum(p.numel() * 4 for p in module.client.parameters())
-    assert module.history[0]["bytes_up"] == module.history[0]["clients"] * (model_bytes + 4)
-    assert float(module.strategy.step_size) >= 1.0
+class Uploads(RoundListener):
+    """Keeps a copy of every client's upload and sample count (an upload may alias the worker)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def client_end(self, round, index, total, result):
+        up = {g: {n: t.detach().clone() for n, t in ts.items()} for g, ts in result.upload.items()}
+        self.seen.append((up, result.num_samples))
+
+
+def test_clients_upload_their_squared_update_norm():
+    # mini-batches of 2: the clients' updates disagree, so the step extrapolates (eta > 1)
+    engine = make_engine(FedExP(eps=1e-3), num_clients=4, batch_size=2)
+    start = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    uploads = Uploads()
+    outcome = engine.run_round(0, listener=uploads)
+    assert outcome.result.failed == [] and len(uploads.seen) == 4
+    total = sum(n for _, n in uploads.seen)
+    mean_sq, mean_delta = 0.0, {n: torch.zeros_like(t) for n, t in start.items()}
+    for up, n in uploads.seen:
+        delta = {k: start[k] - up["weights"][k] for k in start}
+        sq = sum(float(d.double().pow(2).sum()) for d in delta.values())  # ||w^t - w_k||^2, parameters
+        assert float(up["fedexp"]["sq_norm"]) == pytest.approx(sq, rel=1e-5)
+        assert sq > 0
+        mean_sq += n / total * sq
+        for k in start:
+            mean_delta[k] += n / total * delta[k]
+    sq_of_mean = sum(float(d.double().pow(2).sum()) for d in mean_delta.values())
+    eta = max(1.0, mean_sq / (2 * (sq_of_mean + 1e-3)))  # Alg. 1, eq. 9, from the uploads by hand
+    assert eta > 1.0  # the clients disagree: the step extrapolates
+    assert float(engine.strategy.step_size) == pytest.approx(eta, rel=1e-5)
+    for n, p in engine.model.named_parameters():  # w^{t+1} = w^t - eta * mean Delta
+        torch.testing.assert_close(p.detach(), start[n] - eta * mean_delta[n], rtol=1e-4, atol=1e-6)
+    model_bytes = sum(t.numel() * 4 for t in start.values())
+    assert engine.history[0]["bytes_up"] == 4 * (model_bytes + 4)
 
 
 def test_bad_eps_names_the_field():

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.api.types import ClientContext
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.representation import (
     PREVIOUS,
@@ -55,13 +56,30 @@ def test_moon_with_mu_zero_is_fedavg(fit):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+class LocalModels(FederatedCallback):
+    """Each client's model at the end of its local steps (its upload, copied: it may alias the worker)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def on_client_end(self, trainer, pl_module, round, index, total, result):
+        self.seen[result.client_id] = {n: t.clone() for n, t in result.upload["weights"].items()}
+
+
 def test_first_round_has_no_previous_model_and_equals_fedavg(fit):
     a, b = make_module(FedAvg()), make_module(MOON(mu=5.0))
+    local = LocalModels()
     fit(a, rounds=1)
-    fit(b, rounds=1)
+    fit(b, rounds=1, callbacks=[local])
     wa, wb = global_weights(a), global_weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert previous_model(b.store.get(0)) is not None
+    # after its first round each client keeps its own final local model as the next round's previous model
+    assert sorted(local.seen) == [0, 1, 2, 3]
+    for cid, weights in local.seen.items():
+        prev = previous_model(b.store.get(cid))
+        assert prev.keys() == weights.keys()
+        assert all(torch.equal(prev[n], weights[n]) for n in weights)
+        assert not all(torch.equal(prev[n], wb[n]) for n in weights)  # not the new global model
 
 
 def test_later_rounds_differ_from_fedavg_and_keep_the_previous_model(fit):

@@ -78,10 +78,30 @@ def test_local_term_is_virtual_ce_plus_lambda_times_the_calibration():
     assert torch.equal(idx, torch.randint(len(yv_all), (8,)))  # drawn from the client's RNG stream
 
 
-def test_one_round_fit_differs_from_fedavg(fit):
-    a, b = make_module(FedAvg()), make_module(VHL(virtual_per_class=5))
-    fit(a, rounds=1)
-    fit(b, rounds=1)
-    wa, wb = global_weights(a), global_weights(b)
-    assert any(not torch.equal(wa[k], wb[k]) for k in wa)
-    assert all(torch.isfinite(v).all() for v in wb.values())
+class HandVHL(FedAvg):
+    """VHL's local term written out in the test: the SmallCNN's features by hand, no tap, no features_of."""
+
+    def __init__(self, lam, virtual):
+        super().__init__()
+        self.lam, (self.xv, self.yv) = lam, virtual
+
+    def local_loss(self, module, ctx, batch, outputs):
+        x, y = batch
+        net = module.net
+        idx = torch.randint(len(self.yv), (int(x.shape[0]),))  # the client's stream, as VHL draws it
+        z = net.classifier[:2](net.features(x))  # the input of the last linear layer
+        zv = net.classifier[:2](net.features(self.xv[idx]))
+        calibration = virtual_contrastive_loss(z, y, zv, self.yv[idx], 0.07)
+        return F.cross_entropy(net.classifier[2](zv), self.yv[idx]) + self.lam * calibration
+
+
+def test_one_round_fit_is_fedavg_with_the_virtual_loss_and_calibration_in_every_local_step(fit):
+    virtual = VHL(virtual_per_class=5).virtual_data((1, 8, 8), 10)
+    runs = [make_module(s) for s in (FedAvg(), VHL(lam=0.5, virtual_per_class=5), HandVHL(0.5, virtual))]
+    for module in runs:
+        fit(module, rounds=1)
+        assert [(r["clients"], r["failed"]) for r in module.history] == [(4, 0)]
+    plain, vhl, hand = (global_weights(m) for m in runs)
+    for k in plain:
+        torch.testing.assert_close(vhl[k], hand[k])
+    assert all(not torch.allclose(vhl[k], plain[k]) for k in plain)

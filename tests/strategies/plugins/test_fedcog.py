@@ -1,7 +1,10 @@
 """FedCOG as a plug-in: neutrality, unchanged uploads, schedule, KD at the first step, previous models."""
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fl_lightning.strategies.plugins.fedcog as fedcog_module
 from fl_lightning.api.types import ClientContext
@@ -124,16 +127,33 @@ def test_kd_term_is_zero_at_the_first_local_step_of_a_bn_free_model(weighting):
 
 
 def test_kd_term_moves_the_local_model_towards_the_teacher():
-    strategy = FedCOG(FedAvg(), num_generated=32, gen_steps=3, lambda_kd=1.0)
+    strategy = FedCOG(FedAvg(), num_generated=32, gen_steps=3, lambda_kd=0.5)
     module = make_module(strategy)
     worker, ctx, data = _client(module, strategy)
+    teacher_net = copy.deepcopy(worker)  # the global model theta^t: the local model before its steps
     strategy.on_client_start(worker, ctx)
+    kd = ctx.scratch["fedcog"]
+    assert (kd.w_c, kd.w_kd) == (1.0, 0.5)  # fixed weighting: (1, lambda_kd)
     with torch.no_grad():
         for p in worker.parameters():
             p.add_(0.05 * torch.randn_like(p))
     batch = (data.x[data.train_idx[:8]], data.y[data.train_idx[:8]])
     term = strategy.local_loss(worker, ctx, batch, worker(batch[0]))
-    assert term > 0
+    xg, _ = kd.batch(ctx.step, 8, ctx.num_steps)  # this step's generated mini-batch (fixed within a step)
+    assert ((xg.flatten(1)[:, None] == kd.inputs.flatten(1)[None]).all(-1).any(-1)).all()
+
+    def kl_to_teacher():  # eq. 3: KL(p(theta^t; x) || p(theta; x)), by torch's own kl_div
+        with torch.no_grad():
+            teacher = F.log_softmax(teacher_net(xg), dim=-1)
+        return F.kl_div(F.log_softmax(worker(xg), dim=-1), teacher, log_target=True, reduction="batchmean")
+
+    before = kl_to_teacher()
+    torch.testing.assert_close(term, 0.5 * before)
+    term.backward()
+    with torch.no_grad():
+        for p in worker.parameters():
+            p.sub_(0.5 * p.grad)
+    assert kl_to_teacher() < 0.9 * before  # a step on the term alone brings the student to the teacher
 
 
 def test_generation_leaves_parameters_buffers_modes_and_grads_of_a_bn_model_untouched():
