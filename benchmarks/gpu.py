@@ -1,9 +1,9 @@
 """fl_lightning on one device against a hand-written PyTorch loop doing the same work; ratios from one run.
 
-Work (defaults, the setting of issue 11): ResNet-18-GN, 10 clients x 50 local steps, batch 50, SGD
-(lr 0.1, weight decay 1e-3), on synthetic CIFAR-10-shaped data generated here (class-dependent means
-plus noise, IID split, no download). Measured, each as the median time of the rounds after a warm-up
-round (which pays allocation and compilation):
+Work (defaults): ResNet-18-GN, 10 clients x 50 local steps, batch 50, SGD (lr 0.1, weight decay 1e-3),
+on synthetic CIFAR-10-shaped data generated here (class-dependent means plus noise, IID split, no
+download). Measured, each as the median time of the rounds after a warm-up round (which pays
+allocation and compilation):
 
 - ``hand``: FedAvg written by hand (benchmarks/common.py), fp32, eager;
 - fl_lightning FedAvg fp32, FedSMOO fp32 (rho 0.1, beta 10, clip 10), FedAvg bf16-mixed, all eager;
@@ -13,7 +13,7 @@ Validation and client evaluation are off on both sides; every round is timed bet
 Printed ratios and their targets: FedAvg / hand <= 1.05, FedSMOO / FedAvg <= 2.1, bf16 / fp32 <= 1.0,
 eager / compiled >= 2 (on a GPU).
 
-    python benchmarks/gpu.py                                   # a GPU, the issue's sizes
+    python benchmarks/gpu.py                                   # a GPU, the default sizes
     python benchmarks/gpu.py --device cpu --model small --clients 4 --local-steps 10 --batch-size 32
 """
 

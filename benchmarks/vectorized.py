@@ -1,19 +1,19 @@
 """Round time of vectorised clients (``model.vectorize``) against one client at a time; ratios from one run.
 
-Work (defaults, the setting of issue 14): ResNet-18-GN (``resnet18_gn`` in the model registry), every
-client of the federation sampled each round, 10, 20 and 50 clients per round, 50 local SGD steps at batch
-50, FedAvg and FedSMOO (rho 0.1, beta 10, clip 10), on ``data.dataset=synthetic:cifar10`` (generated,
-IID, no download). For each (strategy, clients) the same data and model run sequentially
-(``vectorize=1``) and vectorised (``vectorize=clients``: one group per round, unless the memory budget
-splits it), each timed as the fastest of the rounds after a warm-up round (the least disturbed by
-other jobs on a shared machine), between device syncs, with the two modes alternating ``--repeats``
-times; validation and client evaluation are off. Printed: seconds per round, the speed-up sequential /
-vectorised (targets on one GPU: >= 1.8x at 10 clients, >= 3x at 20, >= 5x at 50) and, on CUDA, the peak
-device memory of a vectorised round. With ``--compile`` each (strategy, clients) adds a row with the
-vectorised round under ``model.compile=true`` (the vmapped forward compiled; CUDA graphs on a GPU)
-against the same sequential eager round; its compilation falls in the warm-up round.
+Work (defaults): ResNet-18-GN (``resnet18_gn`` in the model registry), every client of the federation
+sampled each round, 10, 20 and 50 clients per round, 50 local SGD steps at batch 50, FedAvg and FedSMOO
+(rho 0.1, beta 10, clip 10), on ``data.dataset=synthetic:cifar10`` (generated, IID, no download). For each
+(strategy, clients) the same data and model run sequentially (``vectorize=1``) and vectorised
+(``vectorize=clients``: one group per round, unless the memory budget splits it), each timed as the
+fastest of the rounds after a warm-up round (the least disturbed by other jobs on a shared machine),
+between device syncs, with the two modes alternating ``--repeats`` times; validation and client evaluation
+are off. Printed: seconds per round, the speed-up sequential / vectorised (targets on one GPU: >= 1.8x at
+10 clients, >= 3x at 20, >= 5x at 50) and, on CUDA, the peak device memory of a vectorised round. With
+``--compile`` each (strategy, clients) adds a row with the vectorised round under ``model.compile=true``
+(the vmapped forward compiled; CUDA graphs on a GPU) against the same sequential eager round; its
+compilation falls in the warm-up round.
 
-    python benchmarks/vectorized.py                                          # a GPU, the issue's sizes
+    python benchmarks/vectorized.py                                          # a GPU, the default sizes
     python benchmarks/vectorized.py --compile                                # + vectorised and compiled
     python benchmarks/vectorized.py --device cpu --model small --local-steps 5 --rounds 3 --repeats 2
 """

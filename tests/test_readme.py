@@ -1,12 +1,14 @@
-"""Every command line of the README's "Setup" and "Quickstart" blocks runs as written (at tiny sizes).
+"""The README holds: its commands run, its example strategy works, its Layout is the tree.
 
-The commands are read from README.md, so the test follows the README: a reader copying them in order
-into a fresh checkout gets working commands, with the run folders (``version_0``, ``version_1``, ...)
-they name.
+Every command line of the "Setup" and "Quickstart" blocks runs as written (at tiny sizes): the commands
+are read from README.md, so a reader copying them in order into a fresh checkout gets working commands,
+with the run folders (``version_0``, ``version_1``, ...) they name. The "Writing a strategy" example runs.
+The "Layout" block names every module of the package and every top-level folder, and nothing else.
 """
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,100 @@ def test_every_setup_and_quickstart_command_runs(tmp_path, monkeypatch):
     assert {"validate", "test", "predict"} <= {p.name for p in recipe.iterdir()}
     rows = (recipe / "predict" / "predictions.csv").read_text().splitlines()
     assert rows[0].startswith("index,prediction,score_0,") and len(rows) == 1 + 360
+
+
+#: A name in the Layout block: a module (``cli.py``) or a folder (``api/``).
+LAYOUT_NAME = re.compile(r"^\.?[\w]+(\.py|/)$")
+
+
+def layout_paths(text: str | None = None) -> set[str]:
+    """The paths the README's Layout block names, rebuilt from its indentation.
+
+    A line is ``<indent><names>  <description>``: names separated by single spaces, the description after
+    two or more. A folder (``api/``) opens a level for the deeper-indented lines below it, and names its
+    ``__init__.py``; a line whose first word is not a name continues the description above it.
+    """
+    text = README.read_text() if text is None else text
+    body = text.split("\n## Layout", 1)[1].split("```", 2)[1]
+    paths: set[str] = set()
+    stack: list[tuple[int, str]] = []  # (indent, folder path with a trailing "/")
+    for line in body.splitlines()[1:]:
+        indent = len(line) - len(line.lstrip(" "))
+        names = re.split(r" {2,}", line.strip(), maxsplit=1)[0].split(" ")
+        if not names[0] or not all(LAYOUT_NAME.match(n) for n in names):
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else ""
+        for name in names:
+            paths.add(parent + name)
+            if name.endswith("/"):
+                stack.append((indent, parent + name))
+    return paths
+
+
+def package_paths(paths: set[str]) -> set[str]:
+    """The ``fl_lightning`` modules ``paths`` names: its files, and each folder's ``__init__.py``."""
+    inside = {p for p in paths if p.startswith("fl_lightning/")}
+    return {p + "__init__.py" if p.endswith("/") else p for p in inside}
+
+
+def test_the_layout_names_every_module_of_the_package_and_nothing_else():
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "fl_lightning").rglob("*.py")}
+    named = package_paths(layout_paths())
+    assert sorted(modules - named) == [], "modules missing from the README's Layout block"
+    assert sorted(named - modules) == [], "names in the README's Layout block that do not exist"
+
+
+def test_the_layout_names_the_repository_top_level_folders():
+    named = {p for p in layout_paths() if p.count("/") == 1 and p.endswith("/")}
+    assert sorted(p for p in named if not (ROOT / p).is_dir()) == []
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: the tracked folders are unknown")
+    folders = {f.split("/", 1)[0] + "/" for f in tracked.stdout.splitlines() if "/" in f}
+    assert folders == named
+
+
+def test_the_layout_parser_follows_indentation():
+    block = "\n## Layout\n\n```\npkg/    the package\n  a.py b.py  two\n  sub/  a folder\n    c.py\n"
+    block += "        continued description\n  d.py\ntop/\n```\n"
+    assert layout_paths(block) == {
+        "pkg/",
+        "pkg/a.py",
+        "pkg/b.py",
+        "pkg/sub/",
+        "pkg/sub/c.py",
+        "pkg/d.py",
+        "top/",
+    }
+
+
+def readme_python(section: str) -> str:
+    """The first ```python block of ``## <section>``."""
+    body = README.read_text().split(f"\n## {section}", 1)[1]
+    return body.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_example_strategy_runs_against_the_api(monkeypatch):
+    import torch
+    from torch import nn
+
+    import fl_lightning.api.strategy as strategy_module
+    from fl_lightning.api import ClientContext, RunSpec, Strategy, Task
+    from fl_lightning.errors import ConfigError
+
+    monkeypatch.setattr(strategy_module, "STRATEGIES", {})  # the example registers into a scratch registry
+    namespace: dict = {}
+    exec(compile(readme_python("Writing a strategy"), "README.md", "exec"), namespace)
+    (cls,) = strategy_module.STRATEGIES.values()
+    assert issubclass(cls, Strategy)
+    net = nn.Linear(3, 2)
+    weights = {n: p.detach() + 1.0 for n, p in net.named_parameters()}  # every entry 1 away: 1/2 * 8
+    prox = cls(mu=0.5)
+    ctx = ClientContext(0, 0, {"weights": weights}, {}, num_samples=10, num_steps=1, lr=0.1, strategy=prox)
+    assert torch.isclose(prox.local_loss(net, ctx, None, None), torch.tensor(0.5 * 4.0))
+    spec = RunSpec(task=Task("multiclass"), num_classes=2, num_clients=4, input_shape=(3,))
+    cls().check(net, spec)
+    with pytest.raises(ConfigError):
+        cls().check(net, RunSpec(task=Task("multilabel"), num_classes=2, num_clients=4, input_shape=(3,)))

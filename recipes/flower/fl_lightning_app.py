@@ -1,8 +1,10 @@
 """The Flower app of an fl_lightning config: ``flwr run .`` in this folder runs these two objects.
 
 ``config`` in ``[tool.flwr.app.config]`` of pyproject.toml (or ``flwr run . --run-config
-'config="other.yaml"'``) names the fl_lightning YAML, relative to this folder; every SuperNode needs
-fl_lightning[flwr] installed and a ``partition-id`` (its fl_lightning client id).
+'config="other.yaml"'``) names the fl_lightning YAML, relative to this folder. Every SuperNode needs
+fl_lightning[flwr] installed and a ``partition-id`` and ``num-partitions`` in its node config: it hosts the
+clients whose id is its partition id modulo the number of partitions (one client per node when there are
+as many nodes as clients).
 """
 
 from pathlib import Path
