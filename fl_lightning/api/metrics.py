@@ -285,19 +285,18 @@ class TaskMetrics(nn.Module):
         out = cls(task, num_classes)
         if not int(tensors.get("updates", 0)):
             return out
-        incoming = out.clone()
-        for name, metric in incoming._members().items():
-            state = {}
+        for name, metric in out._members().items():
+            state: dict[str, Any] = {}
             for key, default in metric.metric_state.items():
                 value = tensors.get(f"{name}/{key}")
                 if isinstance(default, list):
                     state[key] = [] if value is None else [value]
                 elif value is not None:
                     state[key] = value
-            metric.merge_state(state)
+            metric.merge_state(state)  # into fresh (zero / empty) states: the states themselves
+            # no public setter of the update count (see merge): torchmetrics capped at <1.10
             metric._update_count = int(tensors.get(f"{name}/updates", 0))
-        incoming._update_count = int(tensors["updates"])
-        out.merge(incoming)
+        out._update_count = int(tensors["updates"])
         return out
 
     def clone(self) -> TaskMetrics:

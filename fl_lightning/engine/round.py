@@ -279,9 +279,11 @@ class Engine:
         return w
 
     def metrics(self) -> TaskMetrics:
-        """Fresh evaluation metrics of the run's task."""
+        """Fresh evaluation metrics of the run's task, on the model's device (they follow their inputs)."""
         assert self.task is not None, "call setup() first"
-        return self.task.metrics(self.num_classes).to(module_device(self.model))
+        metrics = self.task.metrics(self.num_classes)
+        device = module_device(self.model)
+        return metrics if device.type == "cpu" else metrics.to(device)
 
     @property
     def local_metrics(self) -> TaskMetrics:
