@@ -127,10 +127,14 @@ class FlowerExecutor(Executor):
         """Send each client its payload; its reply, or why there is none, by client id."""
         self.discover(engine.num_clients)
         messages = []
+        converted: dict[
+            tuple, dict
+        ] = {}  # clients sent the same tensors (e.g. the global model) share records
         for cid, payload in payloads.items():
-            content = RecordDict(
-                {**payload_to_records(payload), CONFIG: ConfigRecord({"round": round, "client-id": cid})}
-            )
+            key = tuple((g, n, id(t)) for g, ts in payload.items() for n, t in ts.items())
+            if key not in converted:
+                converted[key] = payload_to_records(payload)
+            content = RecordDict({**converted[key], CONFIG: ConfigRecord({"round": round, "client-id": cid})})
             messages.append(
                 Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round))
             )
