@@ -22,11 +22,13 @@ A round is timed from its start to the next round's start (the last one to the e
 training, aggregation, global and client evaluation; (a) and (b) by a Lightning callback of the Trainer
 (the ServerApp of (b) fits the config with one), (c) by Flower's "[ROUND k/R]" log lines. Round 1 of (b)
 and (c) also waits for the Ray actors to start (a Python process each, importing the app); "startup" is
-process start to round 1. Printed: seconds per round (steady: mean of rounds 2..R), round 1, startup,
-total wall time, and the ratios (b)/(c) (our part of a Flower round; target <= 1.2x) and (b)/(a). In
-Flower's simulation a round's messages wait on 0.1 s polling loops (the grid's replies, the simulation's
-message queue), so steady rounds of a small workload come in steps of about 0.1 s. Timings are wall-
-clock on whatever else the machine runs: compare the ratios of one run.
+process start to round 1. The last round of (a) and (b) also holds the end of fit (final checkpoint,
+summary, hyperparameters), and in Flower's simulation a round's messages wait on 0.1 s polling loops
+(the grid's replies, the simulation's message queue), so small rounds come in steps of about 0.1 s:
+"steady" is the median of rounds 2..R (the mean is printed beside it). Printed: steady seconds per
+round, round 1, startup, total wall time, and the ratios (b)/(c) (our part of a Flower round; target <=
+1.2x) and (b)/(a). Timings are wall-clock on whatever else the machine runs: compare the ratios of one
+run.
 """
 
 from __future__ import annotations
@@ -351,7 +353,8 @@ def measure(key: str, args: argparse.Namespace, data: Path) -> dict[str, Any]:
     return {
         "startup": marks[0],
         "first": rounds[0],
-        "steady": statistics.mean(rounds[1:]),
+        "steady": statistics.median(rounds[1:]),
+        "mean": statistics.mean(rounds[1:]),
         "total": total,
         "rounds": rounds,
     }
@@ -359,7 +362,8 @@ def measure(key: str, args: argparse.Namespace, data: Path) -> dict[str, Any]:
 
 def _print_row(key: str, r: dict[str, Any], per_round: bool) -> None:
     print(
-        f"  ({key}) {RUNS[key][0]:30s} steady {r['steady']:7.3f} s/round   round 1 {r['first']:7.2f} s   "
+        f"  ({key}) {RUNS[key][0]:30s} steady {r['steady']:7.3f} s/round (mean {r['mean']:.3f})   "
+        f"round 1 {r['first']:7.2f} s   "
         f"startup {r['startup']:6.2f} s   total {r['total']:6.2f} s",
         flush=True,
     )
@@ -386,7 +390,7 @@ def main() -> None:
         p.error("--rounds must be >= 2 (round 1 includes the actors' start-up)")
     print(
         f"{RECIPE.name}: {args.clients} clients, {args.rounds} rounds, {args.local_steps} local steps "
-        f"(seconds; steady = mean of rounds 2..{args.rounds})"
+        f"(seconds; steady = median of rounds 2..{args.rounds})"
     )
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to 0"
     res = {}
