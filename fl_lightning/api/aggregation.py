@@ -66,13 +66,18 @@ class Aggregator:
 
     def share(self) -> Any:
         """What this process tells the others before :meth:`combine` (a small, picklable object): the
-        layout of its weighted sums (the sums themselves are reduced in place)."""
-        return sums_layout(self.sums)
+        layout of its weighted sums and its weight totals (the sums themselves are reduced in place)."""
+        return sums_layout(self.sums), dict(self.totals)
 
     def combine(self, shared: list[Any], device: torch.device) -> None:
         """Make this process hold the aggregate over all processes, given every process's :meth:`share`
         (in rank order, this one's included); a collective: every process calls it."""
-        reduce_sums(self.sums, self.totals, shared, device)
+        reduce_sums(self.sums, [layout for layout, _ in shared], device)
+        totals: dict[str, float] = {}
+        for _, part in shared:  # in rank order: the same sums, bit for bit, on every process
+            for g, w in part.items():
+                totals[g] = totals.get(g, 0.0) + w
+        self.totals = totals
 
     def means(self) -> Payload:
         """The aggregated payload handed to ``process_aggregate`` and then ``server_update``."""

@@ -7,7 +7,7 @@ the identity (one process).
 
 Per round the engine pays for two exchanges: one :func:`all_gather_objects` of the round's small facts
 (which clients, their metrics, the layout of the weighted sums) and one :func:`all_reduce_flat` of every
-weighted sum packed into one flat buffer per dtype.
+weighted sum packed into one flat buffer per dtype (one ``all_reduce`` for a float32 model).
 """
 
 from __future__ import annotations
@@ -71,15 +71,15 @@ def sums_layout(
 
 def reduce_sums(
     sums: dict[str, dict[str, Tensor]],
-    totals: dict[str, float],
     layouts: list[dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]]],
     device: torch.device,
 ) -> None:
-    """Sum per-process weighted sums and weight totals over all processes, in place.
+    """Sum per-process weighted sums over all processes, in place, in one flat exchange per dtype.
 
     ``layouts`` are every process's :func:`sums_layout` (a process may have trained no client, or only
     failed ones: its missing entries join as zeros). Entries are packed in sorted order, the same on every
-    process, with the weight totals (float64) in the same flat exchange.
+    process. (The weight totals are plain numbers: they travel with the layouts, see
+    :meth:`fl_lightning.api.aggregation.Aggregator.combine`.)
     """
     merged: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}
     for part in layouts:
@@ -93,11 +93,7 @@ def reduce_sums(
             if n not in group:
                 group[n] = torch.zeros(shape, dtype=dtype, device=device)
             ordered.append(group[n])
-    names = sorted(merged)
-    weight = torch.tensor([totals.get(g, 0.0) for g in names], dtype=torch.float64, device=device)
-    all_reduce_flat([*ordered, weight])
-    for g, v in zip(names, weight.tolist()):
-        totals[g] = v
+    all_reduce_flat(ordered)
 
 
 __all__ = ["all_gather_objects", "all_reduce_flat", "is_distributed", "reduce_sums", "sums_layout", "world"]
