@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.data.fashion_mnist import find_files
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.runs import read_scalars
@@ -742,6 +743,8 @@ CPU_CONFIGS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CPU_CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CPU_CONFIGS])
 def test_every_cpu_config_runs_a_round(config, tmp_path):
+    if "dataset: fashion_mnist" in config.read_text() and find_files(Path("data"))[0] is None:
+        pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
     run_cli(
         tmp_path,
         "fit",
