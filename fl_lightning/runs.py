@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,22 @@ def last_scalars(run: str | Path, tags: list[str]) -> dict[str, float | None]:
     """The last logged value of each TensorBoard scalar ``tag`` of a run folder (None if never logged)."""
     scalars = read_scalars(run)
     return {t: scalars[t][-1][1] if t in scalars else None for t in tags}
+
+
+def machine_text(machine: Mapping[str, Any] | None) -> str:
+    """A run's ``summary.json`` ``machine`` entry in words: ``torch 2.14.1, cpu (AVX2 kernels), 1 thread``.
+
+    Float results depend on it: the same config and seed can end elsewhere on another CPU instruction set
+    (torch picks its kernels by it), thread count, GPU or torch release. Empty for a run that did not
+    record it (written before ``machine`` was added).
+    """
+    if not machine:
+        return ""
+    where = str(machine.get("device", "?"))
+    if machine.get("gpu"):
+        where += f" ({machine['gpu']})"
+    elif machine.get("cpu_kernels"):
+        where += f" ({machine['cpu_kernels']} kernels)"
+    threads = machine.get("threads")
+    count = f", {threads} thread{'s' * (threads != 1)}" if isinstance(threads, int) else ""
+    return f"torch {machine.get('torch', '?')}, {where}{count}"

@@ -92,7 +92,7 @@ from typing import Any, NoReturn
 import yaml
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.runs import read_scalars
+from fl_lightning.runs import machine_text, read_scalars
 
 TOP_KEYS = (
     "name",
@@ -995,6 +995,12 @@ def collect(sweep: Sweep, runs: list[Run], outcome: dict[Run, str] | None = None
     return list(results.values())
 
 
+def machines(results: list[RowResult]) -> str:
+    """The machines the runs computed on (summary.json's ``machine``), ``; ``-joined; empty if unrecorded."""
+    seen = {machine_text(d.summary.get("machine")) for r in results for d in r.data}
+    return "; ".join(sorted(seen - {""}))
+
+
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
     mean = sum(values) / len(values)
     if len(values) < 2:
@@ -1085,7 +1091,10 @@ def markdown(sweep: Sweep, results: list[RowResult]) -> str:
         values += [_paper_text(r.row.paper.get(p)) for p in papers]
         lines.append("| " + " | ".join(values) + " |")
     tag = (sweep.target[0] if sweep.target else None) or f"global/{metric}"
-    lines += ["", f"Mean ± sample standard deviation over seeds {list(sweep.seeds)}.", ""]
+    lines += ["", f"Mean ± sample standard deviation over seeds {list(sweep.seeds)}."]
+    if machines(results):
+        lines[-1] += f" Computed with {machines(results)}."
+    lines.append("")
     lines.append("- seeds: the row's finished runs")
     lines += [
         f"- {_header(c, sweep, metric)}: {c.legend.format(m=metric, tag=tag)}" for c in columns if c.legend
@@ -1106,6 +1115,7 @@ def csv_rows(sweep: Sweep, results: list[RowResult]) -> tuple[list[str], list[di
     for c in sweep.columns:
         header += [f"{c.key}_mean", f"{c.key}_std", f"{c.key}_n"]
     header += [f"paper_{p}" if p else "paper" for p in papers]
+    header.append("machine")
     rows = []
     for r in results:
         entry: dict[str, Any] = {"row": r.row.name, "seeds": len(r.data), "failed": len(r.failed)}
@@ -1117,6 +1127,7 @@ def csv_rows(sweep: Sweep, results: list[RowResult]) -> tuple[list[str], list[di
             entry[f"{key}_n"] = cell.n
         for p in papers:
             entry[f"paper_{p}" if p else "paper"] = r.row.paper.get(p, "")
+        entry["machine"] = machines([r])
         rows.append(entry)
     return header, rows
 
@@ -1140,7 +1151,9 @@ def compare(sweep: Sweep, results: list[RowResult], stored: Path) -> list[tuple[
     """Each row against the stored CSV: ``(row, match, detail)``.
 
     A value matches when it prints the same (the column's digits) or differs by at most
-    ``check.tolerance``; means, standard deviations and the number of runs are compared.
+    ``check.tolerance``; means, standard deviations and the number of runs are compared. A mismatch on
+    another machine than the stored table's (its ``machine`` column: torch, CPU kernels or GPU, threads)
+    says so: the same config and seed need not give the same floats there.
     """
     try:
         with open(stored, newline="") as f:
@@ -1174,6 +1187,9 @@ def compare(sweep: Sweep, results: list[RowResult], stored: Path) -> list[tuple[
                     problems.append(
                         f"{col.key} {part} {_num(value, col.digits)} (stored {_num(before, col.digits)})"
                     )
+        stored_on, now_on = old.get("machine") or "", machines([r])
+        if problems and stored_on and now_on and stored_on != now_on:
+            problems.append(f"stored on {stored_on}, run on {now_on}: float results differ across machines")
         out.append((r.row.name, not problems, "; ".join(problems)))
     return out
 

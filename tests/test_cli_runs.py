@@ -151,6 +151,8 @@ def test_a_resumed_run_continues_in_its_own_folder_with_its_steps_going_on(resum
     assert scalars["round/clients"] == [(1, 4.0), (2, 4.0), (3, 4.0)]  # the stray round 3 is dropped
     summary = read_summary(run)
     assert (summary["rounds"], summary["rounds_this_run"], summary["interrupted"]) == (3, 1, False)
+    assert summary["machine"]["torch"] == torch.__version__ and summary["machine"]["device"] == "cpu"
+    assert summary["machine"]["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     best = max(scalars["global/acc"], key=lambda p: p[1])
     assert summary["best_global_acc"] == pytest.approx(best[1]) and summary["best_round"] == best[0]
     assert not any("dirpath has changed" in w or "is not empty" in w for w in resumed["warnings"])

@@ -53,7 +53,8 @@ with open(os.path.join(run, "config.yaml"), "w") as f:
     f.write("trainer:\n  max_steps: 3\n")
 summary = {"rounds": 3, "metric": "acc", "final_global_acc": acc, "best_global_acc": acc, "wall_time_s": 1.0,
            "mean_round_s": 0.5, "bytes_down": 1024, "bytes_up": 1024, "bytes_total": 2048,
-           "argv": sys.argv[1:], "threads_env": os.environ.get("OMP_NUM_THREADS")}
+           "argv": sys.argv[1:], "threads_env": os.environ.get("OMP_NUM_THREADS"),
+           "machine": {"torch": "9.9", "device": "cpu", "cpu_kernels": "AVX2", "threads": 1}}
 with open(os.path.join(run, "summary.json"), "w") as f:
     json.dump(summary, f)
 """
@@ -105,8 +106,10 @@ def craft_run(folder: Path, summary: dict, max_steps: int = 3, acc_curve: list[f
         writer.close()
 
 
-def summary(final: float, best: float, client: float | None = None, wall: float = 10.0) -> dict:
-    s = {
+def summary(
+    final: float, best: float, client: float | None = None, wall: float = 10.0, kernels: str | None = None
+) -> dict:
+    s: dict = {
         "rounds": 3,
         "metric": "acc",
         "final_global_acc": final,
@@ -119,6 +122,8 @@ def summary(final: float, best: float, client: float | None = None, wall: float 
     }
     if client is not None:
         s["client_acc"] = {"n": 4, "mean": client, "std": 0.1, "min": 0.0, "max": 1.0}
+    if kernels is not None:  # a run that recorded its machine
+        s["machine"] = {"torch": "2.14.1", "device": "cpu", "cpu_kernels": kernels, "threads": 1}
     return s
 
 
@@ -134,9 +139,9 @@ def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path
         },
     )
     out = tmp_path / "lightning_logs" / "sweeps" / "s"
-    craft_run(out / "a" / "seed0", summary(0.90, 0.95, 0.80, wall=10), acc_curve=[0.5, 0.85, 0.9])
-    craft_run(out / "a" / "seed1", summary(0.92, 0.95, 0.90, wall=20), acc_curve=[0.5, 0.7, 0.7, 0.81])
-    craft_run(out / "a" / "seed2", summary(0.94, 0.98, 0.85, wall=30), acc_curve=[0.5, 0.6, 0.7])
+    craft_run(out / "a" / "seed0", summary(0.90, 0.95, 0.80, 10, "AVX2"), acc_curve=[0.5, 0.85, 0.9])
+    craft_run(out / "a" / "seed1", summary(0.92, 0.95, 0.90, 20, "AVX2"), acc_curve=[0.5, 0.7, 0.7, 0.81])
+    craft_run(out / "a" / "seed2", summary(0.94, 0.98, 0.85, 30, "AVX512"), acc_curve=[0.5, 0.6, 0.7])
     craft_run(out / "b" / "seed0", summary(0.50, 0.60))
     (out / "b" / "seed1").mkdir(parents=True)  # failed on an earlier start
     (out / "b" / "seed1" / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: boom"}))
@@ -161,6 +166,8 @@ def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path
         "",
     )
     assert b["client_n"] == "0" and b["client_mean"] == ""
+    machines = "torch 2.14.1, cpu (AVX2 kernels), 1 thread; torch 2.14.1, cpu (AVX512 kernels), 1 thread"
+    assert (a["machine"], b["machine"]) == (machines, "")  # b's run did not record one
 
     md = (out / "results.md").read_text()
     assert md in capsys.readouterr().out  # printed as written
@@ -172,6 +179,7 @@ def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path
     assert "| 20.0 ± 10.0 | 4.00 ± 0.00 | 76.00 | - |" in md
     assert "| b | 1 (1 failed, 1 missing) | 50.00 | 60.00 | - | - | - | 10.0 | 4.00 | - | n/a |" in md
     assert "- b seed 1: error: boom" in md
+    assert f"over seeds [0, 1, 2]. Computed with {machines}.\n" in md
 
 
 def test_multilabel_runs_report_o_f1_and_the_client_column_only_when_runs_have_it(tmp_path):
@@ -388,6 +396,21 @@ def test_check_reruns_the_rows_and_compares_them_with_the_stored_table(
     assert run_sweep([str(path), "--check"]) == 1
     out = capsys.readouterr().out
     assert "match    a" in out and "MISMATCH b: final mean 70.50 (stored 70.80)" in out
+    assert "run on" not in out  # the same machine: no excuse
+
+    for row in stored:  # the stored table came from another CPU's kernels
+        row["machine"] = "torch 9.9, cpu (AVX512 kernels), 1 thread"
+    with open(tmp_path / "s.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(stored[0]))
+        writer.writeheader()
+        writer.writerows(stored)
+    assert run_sweep([str(path), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "match    a\n" in out  # equal numbers match whatever the machine
+    assert (
+        "MISMATCH b: final mean 70.50 (stored 70.80); stored on torch 9.9, cpu (AVX512 kernels), 1 thread, "
+        "run on torch 9.9, cpu (AVX2 kernels), 1 thread: float results differ across machines"
+    ) in out
 
     path = write_sweep(tmp_path, {**content, "check": {"tolerance": 0.5}})
     assert run_sweep([str(path), "--check", "--rows", "b"]) == 0

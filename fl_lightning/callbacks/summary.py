@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.saving import save_hparams_to_yaml
@@ -23,6 +24,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from fl_lightning.runs import machine_text
 
 log = logging.getLogger("fl_lightning")
 
@@ -111,6 +114,7 @@ class FederatedSummary(Callback):
         dm = getattr(trainer, "datamodule", None)
         self.summary["global_split"] = getattr(dm, "val_split", "test")
         self.summary["interrupted"] = reason is not None
+        self.summary["machine"] = machine_info(pl_module.device)
         if reason is not None:
             self.summary["reason"] = reason
 
@@ -138,6 +142,8 @@ class FederatedSummary(Callback):
         if reported:
             lines.append("  " + ", ".join(f"{k}: {s[k]:.4g}" for k in reported))
         lines.append(f"  wall time: {s['wall_time_s']:.1f} s ({s['mean_round_s']:.3f} s/round)")
+        if s.get("machine"):
+            lines.append(f"  machine: {machine_text(s['machine'])}")
         lines.append(
             f"  communicated: {_mb(s['bytes_down'])} down, {_mb(s['bytes_up'])} up, "
             f"{_mb(s['bytes_total'])} total"
@@ -164,6 +170,22 @@ class FederatedSummary(Callback):
             logger.log_hyperparams(params, metrics, step=self.summary["rounds"])
             if isinstance(logger, TensorBoardLogger):  # it writes hparams.yaml only if there is none yet
                 save_hparams_to_yaml(Path(logger.log_dir) / logger.NAME_HPARAMS_FILE, logger.hparams)
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """Where a run computed: torch's version, the device, its CPU kernels or GPU name, intra-op threads.
+
+    ``cpu_kernels`` is the instruction set torch dispatches its CPU kernels for
+    (``torch.backends.cpu.get_cpu_capability()``: ``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY``
+    lowers it): runs of one config and seed agree bit for bit only on the same kernels and thread count.
+    """
+    out: dict[str, Any] = {"torch": torch.__version__, "device": device.type}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        out["cpu_kernels"] = torch.backends.cpu.get_cpu_capability()
+    out["threads"] = torch.get_num_threads()
+    return out
 
 
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:

@@ -1,6 +1,8 @@
 import pytest
+import torch
 
-from fl_lightning.callbacks.summary import flatten_config, hparam_metrics
+from fl_lightning.callbacks.summary import flatten_config, hparam_metrics, machine_info
+from fl_lightning.runs import machine_text
 
 
 def test_flatten_config_names_classes_and_keeps_their_arguments():
@@ -60,3 +62,16 @@ def test_hparam_metrics_are_the_summary_numbers():
         "summary/client_o_f1_min": pytest.approx(0.2),
         "summary/interrupted": 1.0,
     }
+
+
+def test_the_machine_names_torch_the_device_its_kernels_and_threads(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    info = machine_info(torch.device("cpu"))
+    assert info == {"torch": torch.__version__, "device": "cpu", "cpu_kernels": "AVX512", "threads": 2}
+    assert machine_text(info) == f"torch {torch.__version__}, cpu (AVX512 kernels), 2 threads"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100")
+    gpu = machine_info(torch.device("cuda", 0))
+    assert gpu == {"torch": torch.__version__, "device": "cuda", "gpu": "NVIDIA H100", "threads": 2}
+    assert machine_text({**gpu, "threads": 1}) == f"torch {torch.__version__}, cuda (NVIDIA H100), 1 thread"
+    assert machine_text(None) == machine_text({}) == ""  # a run from before the field
