@@ -571,6 +571,23 @@ def test_every_recipe_sweep_file_loads_and_pins_threads_or_runs_one_at_a_time(pa
     assert sweep.threads == 1 or (sweep.jobs == 1 and not path.stem.endswith("_cpu"))
 
 
+STORED_TABLES = sorted(p for p in RECIPE_SWEEPS if p.with_suffix(".csv").is_file())
+
+
+@pytest.mark.parametrize("path", STORED_TABLES, ids=[str(p.relative_to(ROOT)) for p in STORED_TABLES])
+def test_every_stored_recipe_table_fits_its_sweep_file_for_check(path):
+    """A recipe's ``<sweep>.csv`` (what ``--check`` compares with): its rows are rows of the sweep file, over
+    all of the file's seeds, with every checked column and the machine the runs computed on."""
+    sweep = load_sweep(path)
+    stored = read_csv(sweep.check_table)
+    assert stored and set(stored) <= {r.name for r in sweep.rows}
+    checked = sweep.check_columns or [c.key for c in sweep.columns if c.checked]
+    for name, row in stored.items():
+        assert (row["seeds"], row["failed"], row["missing"]) == (str(len(sweep.seeds)), "0", "0"), name
+        assert all(row.get(f"{key}_mean") not in (None, "") for key in checked if key != "client"), name
+        assert row["machine"].startswith("torch "), name
+
+
 def test_the_readme_example_sweep_file_loads(tmp_path):
     text = (ROOT / "README.md").read_text()
     block = text[text.index("```yaml\nname: methods_x_splits") + len("```yaml\n") :]
