@@ -418,6 +418,26 @@ def test_check_reruns_the_rows_and_compares_them_with_the_stored_table(
     assert "match    b" in out and "1 of 1 rows match" in out
 
 
+def test_check_matches_a_row_whose_stored_runs_failed_only_if_they_fail_again(
+    tmp_path, fake_fit, capsys, monkeypatch
+):
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    rows = [{"name": "a"}, {"name": "diverges", "args": ["--model.fail=nan"]}]
+    path = write_sweep(tmp_path, {"base": "base.yaml", "seeds": [0, 1], "rows": rows})
+    assert run_sweep([str(path)]) == 1  # a failed row
+    shutil.copy(tmp_path / "lightning_logs" / "sweeps" / "s" / "results.csv", tmp_path / "s.csv")
+    capsys.readouterr()
+    assert run_sweep([str(path), "--check"]) == 0  # it fails again: the table is reproduced
+    out = capsys.readouterr().out
+    assert "match    a\n" in out and "match    diverges\n" in out and "2 of 2 rows match" in out
+
+    path = write_sweep(tmp_path, {"base": "base.yaml", "seeds": [0, 1], "rows": [{"name": "diverges"}]})
+    assert run_sweep([str(path), "--check"]) == 1  # now it trains: not the stored result
+    out = capsys.readouterr().out
+    assert "MISMATCH diverges: runs 2 (stored 0, 2 failed)" in out
+
+
 def test_check_without_a_stored_table_is_one_line(tmp_path, capsys):
     path = write_sweep(tmp_path, {"base": "base.yaml", "rows": [{"name": "a"}]})
     with pytest.raises(SystemExit) as exit_info:
@@ -583,7 +603,8 @@ def test_every_stored_recipe_table_fits_its_sweep_file_for_check(path):
     assert stored and set(stored) <= {r.name for r in sweep.rows}
     checked = sweep.check_columns or [c.key for c in sweep.columns if c.checked]
     for name, row in stored.items():
-        assert (row["seeds"], row["failed"], row["missing"]) == (str(len(sweep.seeds)), "0", "0"), name
+        runs = int(row["seeds"]) + int(row["failed"])  # a reproducible divergence counts as failed
+        assert (runs, row["missing"]) == (len(sweep.seeds), "0"), name
         assert all(row.get(f"{key}_mean") not in (None, "") for key in checked if key != "client"), name
         assert row["machine"].startswith("torch "), name
 
