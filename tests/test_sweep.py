@@ -83,6 +83,13 @@ def write_sweep(folder: Path, content: dict, name: str = "s.yaml") -> Path:
     return path
 
 
+def write_csv(path: Path, rows: list[dict[str, str]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def read_csv(path: Path) -> dict[str, dict[str, str]]:
     with open(path, newline="") as f:
         return {r["row"]: r for r in csv.DictReader(f)}
@@ -389,10 +396,7 @@ def test_check_reruns_the_rows_and_compares_them_with_the_stored_table(
     with open(tmp_path / "s.csv", newline="") as f:
         stored = list(csv.DictReader(f))
     stored[1]["final_mean"] = str(float(stored[1]["final_mean"]) + 0.3)  # a table gone stale
-    with open(tmp_path / "s.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(stored[0]))
-        writer.writeheader()
-        writer.writerows(stored)
+    write_csv(tmp_path / "s.csv", stored)
     assert run_sweep([str(path), "--check"]) == 1
     out = capsys.readouterr().out
     assert "match    a" in out and "MISMATCH b: final mean 70.50 (stored 70.80)" in out
@@ -400,10 +404,7 @@ def test_check_reruns_the_rows_and_compares_them_with_the_stored_table(
 
     for row in stored:  # the stored table came from another CPU's kernels
         row["machine"] = "torch 9.9, cpu (AVX512 kernels), 1 thread"
-    with open(tmp_path / "s.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(stored[0]))
-        writer.writeheader()
-        writer.writerows(stored)
+    write_csv(tmp_path / "s.csv", stored)
     assert run_sweep([str(path), "--check"]) == 1
     out = capsys.readouterr().out
     assert "match    a\n" in out  # equal numbers match whatever the machine
