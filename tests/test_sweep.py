@@ -606,7 +606,8 @@ def test_every_stored_recipe_table_fits_its_sweep_file_for_check(path):
     for name, row in stored.items():
         runs = int(row["seeds"]) + int(row["failed"])  # a reproducible divergence counts as failed
         assert (runs, row["missing"]) == (len(sweep.seeds), "0"), name
-        assert all(row.get(f"{key}_mean") not in (None, "") for key in checked if key != "client"), name
+        if int(row["seeds"]):  # a row whose every run diverged has no values, only its failures
+            assert all(row.get(f"{key}_mean") not in (None, "") for key in checked if key != "client"), name
         assert row["machine"].startswith("torch "), name
 
 
