@@ -8,8 +8,8 @@ with Rademacher vectors. The paper (Sec. 5.2, Table 2) reports both for FedSAM a
 CIFAR-10 / ResNet-18-GN, Dirichlet 0.6 and 0.1; the data of its "global function" is the union of the
 clients' (sampled with replacement) sets, here approximated by the training split itself.
 
-    python -m fl_lightning sweep recipes/fedsmoo/sweep_cpu.yaml --rows 'dir0.1/fedsam' 'dir0.1/fedsmoo' --seeds 0
-    python recipes/fedsmoo/hessian.py lightning_logs/sweeps/fedsmoo_cpu/dir0.1/{fedsam,fedsmoo}/seed0
+    python -m fl_lightning sweep recipes/fedsmoo/sweep_cpu.yaml --rows 'dir0.1/fedsam' 'dir0.1/fedsmoo'
+    python recipes/fedsmoo/hessian.py lightning_logs/sweeps/fedsmoo_cpu/dir0.1/{fedsam,fedsmoo}/seed{0,1,2}
 """
 
 from __future__ import annotations
