@@ -329,7 +329,7 @@ def test_a_run_without_a_terminal_prints_a_line_per_tenth_and_the_summary(tmp_pa
     rounds = [line for line in lines if line.startswith("round ")]
     assert [line.split(":")[0] for line in rounds] == [f"round {r}/20" for r in range(2, 21, 2)]
     assert "global/acc" in rounds[-1] and "clients" not in rounds[-1]
-    assert len(lines) == len(rounds) + 7 and err == ""  # and the summary's seven lines
+    assert len(lines) == len(rounds) + 8 and err == ""  # and the summary's eight lines (machine too)
     assert [m for m in HIDDEN if m in out + err] == []
     run = tmp_path / "lightning_logs" / "version_0"
     run_cli(tmp_path, "validate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "--data.num_clients=4")
@@ -368,7 +368,7 @@ def test_the_zero_config_run_without_a_terminal_prints_a_few_lines(tmp_path):
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 20, lines  # ten progress lines and the summary
     assert [m for m in HIDDEN if m in proc.stdout + proc.stderr] == []
-    assert lines[-7] == "fl_lightning summary" and proc.stderr == ""
+    assert lines[-8] == "fl_lightning summary" and proc.stderr == ""
     assert (
         json.loads((tmp_path / "lightning_logs" / "version_0" / "summary.json").read_text())["rounds"] == 40
     )
