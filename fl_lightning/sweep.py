@@ -1092,8 +1092,9 @@ def markdown(sweep: Sweep, results: list[RowResult]) -> str:
         lines.append("| " + " | ".join(values) + " |")
     tag = (sweep.target[0] if sweep.target else None) or f"global/{metric}"
     lines += ["", f"Mean ± sample standard deviation over seeds {list(sweep.seeds)}."]
-    if machines(results):
-        lines[-1] += f" Computed with {machines(results)}."
+    computed_on = machines(results)
+    if computed_on:
+        lines[-1] += f" Computed with {computed_on}."
     lines.append("")
     lines.append("- seeds: the row's finished runs")
     lines += [
