@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import inspect
+import io
 import itertools
 import logging
 import os
@@ -44,6 +45,7 @@ from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.engine.distributed import leave_process_group
+from fl_lightning.engine.round import one_line
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.lightning.checkpoint import (
     AtomicCheckpointIO,
@@ -499,6 +501,71 @@ class FederatedCLI(LightningCLI):
         super()._set_seed()
 
 
+class _ParseOnly(FederatedCLI):
+    """The ``fit`` parser, building nothing: what a command line resolves to (see :func:`resolver`)."""
+
+    def instantiate_classes(self) -> None:
+        """Nothing is built: only the parsed configuration is wanted."""
+
+    def _set_seed(self) -> None:
+        """No global seeding: nothing runs."""
+
+
+def resolver() -> Callable[..., dict[str, Any]]:
+    """A function from ``fit``'s arguments (without ``fit``) to the configuration they resolve to.
+
+    The configuration is what ``fit`` writes to its run's ``config.yaml`` (the same parser, defaults,
+    links and dump), as a plain mapping; ``trainer.default_root_dir`` and the like are in it as given. The
+    parser is built once; each call parses one command line (relative paths from the current folder).
+    Bad arguments raise :class:`ConfigError` with ``fit``'s own one-line message; with ``check`` (the
+    default), the model and the data module are also built (not the Trainer; no data is loaded), so that
+    their own checks (``model.participation=1.5``) run too.
+    """
+    with console(), _fit_errors():
+        parser = _ParseOnly(args=[], run=False).parser
+
+    def resolve(args: list[str], check: bool = True) -> dict[str, Any]:
+        with console(), _fit_errors():
+            config = parser.parse_args(list(args))
+            dumped = yaml.safe_load(parser.dump(config, skip_none=False))
+        if check:
+            _instantiate(parser, config)
+        return dumped
+
+    return resolve
+
+
+def _instantiate(parser: LightningArgumentParser, config: Namespace) -> None:
+    """Build the classes of a parsed ``config`` (model, data, callbacks) to run their checks; a class's
+    :class:`ConfigError` (perhaps wrapped by jsonargparse) is raised as one line naming the field."""
+    config = config.clone()
+    if config.get("data.seed") is None:
+        config["data.seed"] = _run_seed(config.get("seed_everything"))
+    try:
+        with console():
+            parser.instantiate_classes(config)
+    except ConfigError:
+        raise
+    except Exception as err:
+        cause = find_cause(err, ConfigError)
+        if cause is None:
+            raise ConfigError(f"the configuration cannot be built: {one_line(err)}") from None
+        raise ConfigError(_full_field(str(cause), config)) from None
+
+
+@contextlib.contextmanager
+def _fit_errors() -> Iterator[None]:
+    """A parse error (one ``error:`` line on stderr, exit 2) as a :class:`ConfigError` with that line."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            yield
+    except SystemExit:
+        lines = [ln for ln in stderr.getvalue().splitlines() if ln.strip()]
+        line = next((ln for ln in reversed(lines) if ln.startswith("error: ")), lines[-1] if lines else "")
+        raise ConfigError(line.removeprefix("error: ") or "the arguments do not parse") from None
+
+
 def _run_config(argv: list[str]) -> Path | None:
     """``<run>/config.yaml`` for ``validate``/``test``/``predict --ckpt_path <run>/checkpoints/X.ckpt``.
 
@@ -837,11 +904,6 @@ def main(args: Any = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["list"]:
         list_names(argv[1:])
-        return
-    if argv[:1] == ["sweep"]:
-        from fl_lightning.sweep import main as sweep
-
-        sweep(argv[1:])  # exits with the sweep's status
         return
     args, verbose = _take_verbose(args)
     try:

@@ -5,8 +5,11 @@ Every run of a sweep is an ordinary ``python -m fl_lightning fit`` process in it
 ``lightning_logs/version_N/``, its output in ``fit.log`` / ``fit.err``). ``--jobs N`` runs N at a time
 (default: the machine's cores), each with ``cores // N`` intra-op threads (at least 1; as
 ``--model.threads_per_process`` and ``OMP_NUM_THREADS``): N processes of several threads each on N cores
-oversubscribe them. Started again, a sweep skips the runs that finished and resumes interrupted ones from
-their ``last.ckpt`` (``--ckpt_path``); a failed run is tried again. At the end it writes
+oversubscribe them. Before any run starts, every row's arguments are parsed as ``fit`` parses them (a row
+``fit`` would refuse stops the sweep with ``fit``'s line). Started again, a sweep skips a run only when it
+is the run it would start now (the same resolved config, its summary covering ``trainer.max_steps``),
+resumes one of the same config that did fewer rounds from its ``last.ckpt`` (``--ckpt_path``), and runs
+one of another config again beside it (:func:`inspect_run`); a failed run is tried again. At the end it writes
 ``<out>/results.md`` and ``<out>/results.csv`` (mean ± std over seeds per row) and prints the table. A
 failed run does not stop the others; the exit status is then 1 and the table marks the row.
 
@@ -14,8 +17,8 @@ The sweep file (YAML; relative paths are relative to ``root``)::
 
     name: fedsmoo_cpu                # default: the file's name; the output folder's name
     root: ../..                      # default: the sweep file's folder; runs start in this folder
-    out: lightning_logs/sweeps/fedsmoo_cpu   # default: lightning_logs/sweeps/<name> under root
-    base: configs/fedsmoo/common.yaml        # config file(s) every run starts from (--config, first)
+    out: runs/fedsmoo_cpu            # under root; default: lightning_logs/sweeps/<name> in the cwd
+    base: configs/fedsmoo/common.yaml        # config file(s) every run starts from (--config; optional)
     args: [--trainer.max_steps=100]  # overrides for every run, after the config files
     seeds: [0, 1, 2]                 # --seed_everything of each run (default [0])
     jobs: 2                          # default of --jobs
@@ -49,16 +52,17 @@ Columns (accuracies in %, ``<m>`` = summary.json's ``metric``: accuracy, or O-F1
 clients of the deployed model on each client's local test split, ``client_<m>.mean``: the personalised
 model for personalised strategies, the global model otherwise), ``personal`` (the last ``personal/<m>``
 scalar: the same models merged over clients by metric state), ``rounds``, ``rounds_to_target`` and
-``mib_to_target`` (from the run's ``global/<m>`` and ``round/bytes_*`` TensorBoard scalars, over every
-``version_N`` of a resumed run; mean over the seeds that reached it), ``wall_s`` (the last start's wall
-time), ``s_per_round``, ``mib``, ``mib_down``, ``mib_up``, ``mib_per_round``, ``kib_per_round``,
+``mib_to_target`` (from the finished run's ``global/<m>`` and ``round/bytes_*`` TensorBoard scalars; mean
+over the seeds that reached it), ``wall_s`` (the run's wall time over all its starts), ``s_per_round``,
+``mib``, ``mib_down``, ``mib_up``, ``mib_per_round``, ``kib_per_round``,
 ``kib_down_per_round``, ``kib_up_per_round``; or ``{label: eps, summary: privacy/epsilon}`` /
 ``{label: C-F1 (%), scalar: global/c_f1, scale: 100, digits: 2}``: any summary.json number or last
 TensorBoard scalar. Default: final, best, client (when the runs have it), rounds_to_target (with a
 ``target``), wall_s, mib. The std is the sample standard deviation over seeds (n - 1).
 
-A run counts as finished when its newest ``summary.json`` covers its config's ``trainer.max_steps``
-rounds, or when the sweep saw its ``fit`` exit 0 (a run stopped early by a callback). Options:
+A run counts as finished when a ``version_N`` of its folder has the config the run resolves to now (a
+digest of its ``config.yaml``, :func:`config_digest`) and a ``summary.json`` that covers the sweep's
+``trainer.max_steps`` (or ``fit`` stopped it early, e.g. ``EarlyStopping``). Options:
 ``--rows PATTERN...`` (shell patterns on row names), ``--seeds``, ``--out``, ``--report`` (only collect the
 table), ``--print-commands`` (one ``fit`` command per run still to do, for a SLURM array or GNU parallel,
 with ``--ckpt_path`` where one can resume), ``--check`` (re-run the rows into a fresh folder and compare
@@ -70,9 +74,12 @@ arguments for every run. Bad sweep files stop with one ``error:`` line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import csv
 import difflib
 import fnmatch
+import hashlib
 import itertools
 import json
 import math
@@ -84,8 +91,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -119,6 +126,8 @@ CUSTOM_KEYS = ("label", "summary", "scalar", "scale", "digits")
 OWNED = ("--config", "--seed_everything", "--trainer.default_root_dir", "--ckpt_path")
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 MARKER = "sweep.json"
+#: Where a sweep's runs go unless its file says ``out:`` (relative: to the folder the sweep starts in).
+DEFAULT_OUT = Path("lightning_logs", "sweeps")
 
 
 @dataclass(frozen=True)
@@ -170,34 +179,53 @@ class Sweep:
 
 @dataclass(frozen=True, eq=False)
 class Run:
-    """One ``fit`` run: a row at a seed, in its own folder."""
+    """One ``fit`` run: a row at a seed, in its own folder; ``expected`` is what it resolves to (its
+    config's digest and rounds, :func:`expect`), against which the folder's content is judged."""
 
     row: Row
     seed: int
     folder: Path
+    expected: Expected | None = None
 
     @property
     def label(self) -> str:
         return f"{self.row.name} seed {self.seed}"
 
 
+@dataclass(frozen=True)
+class Expected:
+    """The run the sweep would start now: the digest of its resolved config and its rounds."""
+
+    digest: str
+    max_steps: int
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
 @dataclass
 class RunState:
-    """A run folder: ``finished`` (with its summary), ``resume`` (a last.ckpt), ``failed`` or ``new``."""
+    """A run folder against the run the sweep would start now.
+
+    ``kind``: ``finished`` (that run, done: its ``summary`` and ``version``), ``resume`` (the same config,
+    fewer rounds or interrupted: its ``ckpt``), ``rerun`` (a run of another config, or one that cannot be
+    resumed, is there: a new one starts beside it), ``failed`` (its last start failed before a checkpoint)
+    or ``new``. ``why`` says what was found, ``error`` the last start's error line.
+    """
 
     kind: str
     summary: dict[str, Any] | None = None
     ckpt: Path | None = None
     error: str | None = None
+    why: str = ""
+    version: Path | None = None
 
 
 class RunData:
-    """A finished run's summary.json and (read on first use) its TensorBoard scalars over every version."""
+    """A finished run's summary.json and (read on first use) its TensorBoard scalars (its version folder)."""
 
     def __init__(
         self, folder: Path, summary: dict[str, Any], target: tuple[str | None, float] | None
     ) -> None:
-        self.folder = folder
+        self.folder = folder  # the run's lightning_logs/version_N
         self.summary = summary
         self.metric = str(summary.get("metric", "acc"))
         self.target = target
@@ -206,7 +234,7 @@ class RunData:
     @property
     def scalars(self) -> dict[str, list[tuple[int, float]]]:
         if self._scalars is None:
-            self._scalars = run_scalars(self.folder)
+            self._scalars = read_scalars(self.folder)
         return self._scalars
 
     def last_scalar(self, tag: str) -> float | None:
@@ -252,6 +280,12 @@ def _summary_num(key: str, scale: float = 1.0, per_round: bool = False) -> Calla
         return scale * float(v)
 
     return read
+
+
+def _run_wall(d: RunData) -> float | None:
+    """The run's wall time over all its starts (``run_wall_time_s``; a summary written before it: the
+    last start's, ``wall_time_s``)."""
+    return _summary_num("run_wall_time_s" if "run_wall_time_s" in d.summary else "wall_time_s")(d)
 
 
 def _client(d: RunData) -> float | None:
@@ -307,9 +341,7 @@ COLUMNS: dict[str, Column] = {
             _to_target_rounds,
         ),
         Column("mib_to_target", "MiB to {target}", 2, "bytes down + up until then", _to_target_mib),
-        Column(
-            "wall_s", "wall (s)", 1, "wall time of the run's last start", _summary_num("wall_time_s"), False
-        ),
+        Column("wall_s", "wall (s)", 1, "wall time of the run (all its starts)", _run_wall, False),
         Column("s_per_round", "s/round", 3, "mean time per round", _summary_num("mean_round_s"), False),
         Column("mib", "MiB", 2, "bytes down + up, all rounds", _summary_num("bytes_total", _MIB)),
         Column("mib_down", "MiB down", 2, "bytes to the clients", _summary_num("bytes_down", _MIB)),
@@ -578,7 +610,7 @@ def _parse(path: Path, c: dict[str, Any]) -> Sweep:
     if not root.is_dir():
         raise ConfigError(f"root: {root} is not a folder")
     name = _key(c.get("name", path.stem), "name")
-    out = root / str(c["out"]) if c.get("out") is not None else root / "lightning_logs" / "sweeps" / name
+    out = root / str(c["out"]) if c.get("out") is not None else Path.cwd().resolve() / DEFAULT_OUT / name
     base = _strings(c.get("base"), "base")
     _check_files(base, root, "base")
     if ("grid" in c) == ("rows" in c):
@@ -595,8 +627,6 @@ def _parse(path: Path, c: dict[str, Any]) -> Sweep:
         if r.name in seen:
             raise ConfigError(f"row {r.name!r} appears twice; names must be unique (they are folders)")
         seen.add(r.name)
-        if not base and not r.configs:
-            raise ConfigError(f"row {r.name!r} has no config file; give base: or the row a config:")
     seeds = c.get("seeds", [0])
     if (
         not isinstance(seeds, list)
@@ -711,51 +741,127 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _max_steps(version: Path) -> int | None:
+def _read_yaml(path: Path) -> dict[str, Any] | None:
     try:
-        config = yaml.safe_load((version / "config.yaml").read_text())
+        data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
-    trainer = config.get("trainer") if isinstance(config, dict) else None
-    steps = trainer.get("max_steps") if isinstance(trainer, dict) else None
-    return steps if isinstance(steps, int) and steps > 0 else None
+    return data if isinstance(data, dict) else None
 
 
-def inspect_run(folder: Path) -> RunState:
-    """The state of a run folder (see :class:`RunState`).
+#: Config fields that do not make a run another run: where it writes and reads, how the sweep runs it
+#: (threads, progress bar, ``--ckpt_path``) and ``trainer.max_steps`` (compared on its own: fewer rounds of
+#: the same config resume).
+NOT_DIGESTED = (
+    "ckpt_path",
+    "weights_only",
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "trainer.max_steps",
+    "model.threads_per_process",
+    "data.root",
+    "data.download",
+)
 
-    Finished: the newest ``summary.json`` covers ``trainer.max_steps`` of its ``config.yaml``, or the
-    sweep recorded a clean exit of the ``fit`` that wrote it. Else the newest ``last.ckpt`` resumes it.
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": value}`` for a nested config mapping (lists stay values)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_config(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _digested(config: dict[str, Any]) -> dict[str, Any]:
+    flat = flat_config(config)
+    return {k: v for k, v in flat.items() if not any(k == d or k.startswith(d + ".") for d in NOT_DIGESTED)}
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """A short hash of a resolved ``fit`` config (as in ``config.yaml``), :data:`NOT_DIGESTED` left out."""
+    text = json.dumps(_digested(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_changes(found: dict[str, Any], wanted: dict[str, Any], limit: int = 3) -> str:
+    """The fields that differ between two configs, ``name: old -> new``, the first ``limit`` of them."""
+    a, b = _digested(found), _digested(wanted)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    keys = [k for k in keys if not any(other.startswith(k + ".") for other in keys)]  # {} -> its fields
+    text = "; ".join(f"{k}: {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in keys[:limit])
+    return text + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _ckpt_rounds(path: Path) -> int | None:
+    from fl_lightning.lightning.checkpoint import load_checkpoint_file
+
+    try:
+        return int(load_checkpoint_file(path, "cpu", True, mmap=True).get("global_step", 0))
+    except ConfigError:
+        return None
+
+
+def _finished(version: Path, expected: Expected, marker: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of ``version`` if it is the run ``expected`` describes and ran to its end, else None.
+
+    To its end: the summary is not of an interrupted start, and it covers ``trainer.max_steps`` = the
+    sweep's rounds (the summary says which ``max_steps`` it ran for; one written before it did must have
+    those rounds, or the sweep saw that ``fit`` exit 0: a run stopped early by a callback).
+    """
+    config = _read_yaml(version / "config.yaml")
+    summary = _read_json(version / "summary.json")
+    if config is None or summary is None or summary.get("interrupted"):
+        return None
+    if config_digest(config) != expected.digest:
+        return None
+    rounds = summary.get("rounds")
+    if not isinstance(rounds, int) or rounds > expected.max_steps:
+        return None
+    if "max_steps" in summary:
+        return summary if summary["max_steps"] == expected.max_steps else None
+    steps = (config.get("trainer") or {}).get("max_steps")
+    clean = marker.get("returncode") == 0 and marker.get("version") == version.name
+    return summary if steps == expected.max_steps and (rounds == steps or clean) else None
+
+
+def inspect_run(folder: Path, expected: Expected) -> RunState:
+    """The state of a run folder against the run the sweep would start now (see :class:`RunState`).
+
+    Finished: a version of the run has the same resolved config (its digest, :func:`config_digest`) and
+    its summary covers the sweep's ``max_steps``. Else the newest version of the same config, if any,
+    resumes from its ``last.ckpt`` when it did fewer rounds (a shorter run, or one interrupted); another
+    config, more rounds than the sweep's, or no checkpoint runs again (beside it: nothing is removed).
     """
     versions = _versions(folder)
     marker = _read_json(folder / MARKER) or {}
     for version in reversed(versions):
-        summary = _read_json(version / "summary.json")
-        if summary is None:
-            continue
-        clean = marker.get("returncode") == 0 and marker.get("version") == version.name
-        steps = _max_steps(version)
-        if clean or (
-            steps is not None and isinstance(summary.get("rounds"), int) and summary["rounds"] >= steps
-        ):
-            return RunState("finished", summary=summary)
-        break
-    for version in reversed(versions):
-        ckpt = version / "checkpoints" / "last.ckpt"
-        if ckpt.is_file():
-            return RunState("resume", ckpt=ckpt, error=marker.get("error"))
-    if marker.get("returncode") not in (None, 0):
-        return RunState("failed", error=marker.get("error"))
-    return RunState("new")
-
-
-def run_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every TensorBoard scalar of a run over all its ``version_N`` folders (a later version wins a step)."""
-    merged: dict[str, dict[int, float]] = {}
-    for version in _versions(folder):
-        for tag, pairs in read_scalars(version).items():
-            merged.setdefault(tag, {}).update(pairs)
-    return {tag: sorted(values.items()) for tag, values in merged.items()}
+        summary = _finished(version, expected, marker)
+        if summary is not None:
+            return RunState("finished", summary=summary, version=version)
+    error = marker.get("error") if marker.get("returncode") not in (None, 0) else None
+    if not versions:
+        return RunState("failed" if error else "new", error=error)
+    configs = {v: _read_yaml(v / "config.yaml") for v in versions}
+    same = [v for v in versions if configs[v] is not None and config_digest(configs[v]) == expected.digest]
+    if not same:
+        found = configs[versions[-1]]
+        if found is None:
+            return RunState("rerun", error=error, why=f"{versions[-1].name} has no config.yaml")
+        changes = config_changes(found, expected.config) if expected.config else ""
+        return RunState("rerun", error=error, why="its config differs" + (f": {changes}" if changes else ""))
+    ckpt = same[-1] / "checkpoints" / "last.ckpt"
+    rounds = _ckpt_rounds(ckpt) if ckpt.is_file() else None
+    if rounds is None:
+        why = "no checkpoint to resume from" if not ckpt.is_file() else "its last.ckpt cannot be read"
+        return RunState("rerun", error=error, why=why)
+    if rounds >= expected.max_steps:
+        why = f"it ran {rounds} rounds; the sweep's trainer.max_steps is {expected.max_steps}"
+        return RunState("rerun", error=error, why=why)
+    return RunState("resume", ckpt=ckpt, error=error, why=f"{rounds} of {expected.max_steps} rounds done")
 
 
 def error_line(stderr: str, returncode: int) -> str:
@@ -811,6 +917,64 @@ def runs_of(sweep: Sweep) -> list[Run]:
     return [Run(r, s, sweep.out / r.name / f"seed{s}") for r in sweep.rows for s in sweep.seeds]
 
 
+def expect(sweep: Sweep, runs: list[Run], extra: list[str], build: bool = True) -> list[Run]:
+    """``runs`` with what each resolves to now, parsed as ``fit`` parses them (before anything starts).
+
+    A row whose arguments ``fit`` would refuse (an unknown option, a value out of range, a config file
+    that does not parse) stops the sweep here with ``fit``'s one line, naming the row. With ``build``, the
+    model and data module of each row's first run are built too (their own checks; a pretrained network
+    is fetched as ``fit`` would fetch it).
+    """
+    resolve = resolver(sweep.root)
+    out: list[Run] = []
+    resolved: dict[str, dict[str, Any]] = {}  # per row: its runs differ only in the seed (and folder)
+    for run in runs:
+        if run.row.name not in resolved:
+            args = fit_command(sweep, run, None, None, extra, "python")[4:]
+            try:
+                resolved[run.row.name] = resolve(args, build)
+            except ConfigError as err:
+                raise ConfigError(f"{sweep.path}: row {run.row.name} (seed {run.seed}): {err}") from None
+        config = {**copy.deepcopy(resolved[run.row.name]), "seed_everything": run.seed}
+        steps = (config.get("trainer") or {}).get("max_steps")
+        if not isinstance(steps, int) or steps < 1:
+            raise ConfigError(
+                f"{sweep.path}: row {run.row.name}: trainer.max_steps={steps!r}; a sweep's runs need rounds"
+            )
+        out.append(replace(run, expected=Expected(config_digest(config), steps, config)))
+    return out
+
+
+def resolver(root: Path) -> Callable[[list[str], bool], dict[str, Any]]:
+    """``fit``'s parser, built once, as a function of a run's arguments (relative paths from ``root``)."""
+    from fl_lightning.cli import resolver as fit_resolver
+
+    with _in_folder(root):
+        resolve = fit_resolver()
+
+    def in_root(args: list[str], check: bool) -> dict[str, Any]:
+        with _in_folder(root):
+            return resolve(args, check)
+
+    return in_root
+
+
+@contextlib.contextmanager
+def _in_folder(folder: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def run_state(run: Run) -> RunState:
+    """:func:`inspect_run` of a run against what it resolves to (:func:`expect` first)."""
+    assert run.expected is not None, "expect() the runs first"
+    return inspect_run(run.folder, run.expected)
+
+
 def _say(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
@@ -864,7 +1028,7 @@ def execute(
             while pending and len(active) < jobs:
                 index, run = pending.pop(0)
                 tag = f"[{index:>{width}}/{len(runs)}]"
-                state = inspect_run(run.folder)
+                state = run_state(run)
                 if state.kind == "finished":
                     outcome[run] = "skipped"
                     _say(f"{tag} skipped {run.label} (finished: {_final_text(state.summary or {})})")
@@ -889,7 +1053,9 @@ def _launch(
     sweep: Sweep, run: Run, index: int, state: RunState, threads: int, extra: list[str], env: dict, tag: str
 ) -> _Active:
     run.folder.mkdir(parents=True, exist_ok=True)
-    (run.folder / MARKER).unlink(missing_ok=True)  # the record of the previous start
+    assert run.expected is not None
+    # the record of this start (the previous start's goes): what it runs, the digest of its config
+    _write_marker(run.folder, {"config_digest": run.expected.digest, "max_steps": run.expected.max_steps})
     cmd = fit_command(sweep, run, threads, state.ckpt, extra, sys.executable)
     shown = shlex.join(["python", *cmd[1:]])
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -903,8 +1069,10 @@ def _launch(
     finally:
         stdout.close()
         stderr.close()
-    if state.ckpt is not None:
-        _say(f"{tag} resume  {run.label} from {_shown(state.ckpt, run.folder)}")
+    if state.kind == "resume" and state.ckpt is not None:
+        _say(f"{tag} resume  {run.label} from {_shown(state.ckpt, run.folder)} ({state.why})")
+    elif state.kind == "rerun":
+        _say(f"{tag} rerun   {run.label} ({state.why}; the run there is kept)")
     else:
         _say(f"{tag} start   {run.label}")
     return _Active(run, index, proc, time.monotonic(), err_path, offset, cmd)
@@ -917,7 +1085,12 @@ def _finish(sweep: Sweep, a: _Active, width: int, total: int) -> str:
     with open(a.err_path) as f:
         f.seek(a.err_offset)
         stderr = f.read()
-    marker: dict[str, Any] = {"command": a.command[1:], "returncode": rc, "seconds": round(seconds, 1)}
+    marker: dict[str, Any] = {
+        "command": a.command[1:],
+        "returncode": rc,
+        "seconds": round(seconds, 1),
+        **({} if a.run.expected is None else {"config_digest": a.run.expected.digest}),
+    }
     if rc == 0:
         versions = [v for v in _versions(a.run.folder) if (v / "summary.json").is_file()]
         summary = _read_json(versions[-1] / "summary.json") if versions else None
@@ -982,10 +1155,10 @@ def collect(sweep: Sweep, runs: list[Run], outcome: dict[Run, str] | None = None
     results: dict[str, RowResult] = {}
     for run in runs:
         res = results.setdefault(run.row.name, RowResult(run.row, [], [], []))
-        state = inspect_run(run.folder)
+        state = run_state(run)
         said = outcome.get(run, "")
-        if state.kind == "finished":
-            res.data.append(RunData(run.folder, state.summary or {}, sweep.target))
+        if state.kind == "finished" and state.version is not None:
+            res.data.append(RunData(state.version, state.summary or {}, sweep.target))
         elif said.startswith("failed: "):
             res.failed.append((run.seed, said.removeprefix("failed: ")))
         elif state.error:  # its last start failed (a start removes the previous record)
@@ -1263,7 +1436,7 @@ def _print_commands(sweep: Sweep, runs: list[Run], threads: int | None, extra: l
     prefix = "" if Path.cwd().resolve() == sweep.root else f"cd {shlex.quote(str(sweep.root))} && "
     env = f"OMP_NUM_THREADS={threads} " if threads is not None else ""
     for run in runs:
-        state = inspect_run(run.folder)
+        state = run_state(run)
         if state.kind == "finished":
             continue
         todo += 1
@@ -1300,7 +1473,7 @@ def run_sweep(argv: list[str]) -> int:
             f"{sweep.path}: no stored table {sweep.check_table} to check against; run the sweep and copy its "
             "results.csv there (or set check.table)"
         )
-    runs = runs_of(sweep)
+    runs = expect(sweep, runs_of(sweep), extra)
     explicit_threads = args.threads or sweep.threads
     if args.print_commands:
         return _print_commands(sweep, runs, explicit_threads, extra)

@@ -151,6 +151,12 @@ def test_a_resumed_run_continues_in_its_own_folder_with_its_steps_going_on(resum
     assert scalars["round/clients"] == [(1, 4.0), (2, 4.0), (3, 4.0)]  # the stray round 3 is dropped
     summary = read_summary(run)
     assert (summary["rounds"], summary["rounds_this_run"], summary["interrupted"]) == (3, 1, False)
+    assert summary["max_steps"] == 3  # what this start was given: a sweep tells it from a shorter run
+    # the run's wall time: this start's plus the first start's, up to the checkpoint resumed from
+    assert summary["run_wall_time_s"] > summary["wall_time_s"] > 0
+    first = torch.load(run / "checkpoints" / "round=2.ckpt", weights_only=True)["callbacks"]
+    (earlier,) = [v["run_wall_time_s"] for k, v in first.items() if k.startswith("FederatedSummary")]
+    assert summary["run_wall_time_s"] == pytest.approx(earlier + summary["wall_time_s"], abs=0.05)
     assert summary["machine"]["torch"] == torch.__version__ and summary["machine"]["device"] == "cpu"
     assert summary["machine"]["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     best = max(scalars["global/acc"], key=lambda p: p[1])

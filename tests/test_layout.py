@@ -3,12 +3,12 @@
 Every subpackage (or top-level module) of ``fl_lightning`` sits in one layer, and imports only its own
 subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside functions included:
 
-   10  fl_lightning (the package root: re-exports), __main__
-    9  flower       the Flower adapter: ServerApp/ClientApp over the engine (optional extra)
+   10  fl_lightning (the package root: re-exports), __main__ (the subcommands' dispatch)
+    9  flower | sweep
+                    the Flower adapter: ServerApp/ClientApp over the engine (optional extra) | grids of
+                    runs over seeds (processes of the command line; its parser reads their arguments)
     8  cli          the command line
-    7  cli_errors, sweep
-                    one-line messages of the command line; grids of runs over seeds (launched as
-                    processes of the command line: no imports above layer 0)
+    7  cli_errors   one-line messages of the command line
     6  lightning    the Lightning adapter: FederatedModule (a round is a training step), checkpoints
     5  callbacks    Lightning callbacks with federated hooks
     4  engine | strategies
@@ -47,7 +47,7 @@ LAYERS: dict[str, int] = {
     "lightning": 6,
     "cli_errors": 7,
     "cli": 8,
-    "sweep": 7,
+    "sweep": 9,
     "flower": 9,
     "": 10,
     "__main__": 10,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.cli import main
+from fl_lightning.__main__ import main
 from fl_lightning.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

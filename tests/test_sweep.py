@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import inspect
 import json
 import os
 import shutil
@@ -19,18 +20,45 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 import fl_lightning.sweep as sweep_module
 from fl_lightning.errors import ConfigError
-from fl_lightning.sweep import collect, execute, inspect_run, load_sweep, main, run_sweep, runs_of
+from fl_lightning.sweep import (
+    Expected,
+    collect,
+    config_changes,
+    config_digest,
+    execute,
+    expect,
+    inspect_run,
+    load_sweep,
+    main,
+    run_sweep,
+    runs_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def fake_config(argv: list[str]) -> dict:
+    """What the stand-ins resolve ``fit`` arguments to (the sweep's view, and the ``config.yaml`` the fake
+    ``fit`` writes): the seed, ``trainer.max_steps`` (default 3) and the ``--model.*`` options; config
+    files, folders and threads are left out, as :data:`fl_lightning.sweep.NOT_DIGESTED` leaves them out."""
+    opts = dict(str(a)[2:].split("=", 1) for a in argv if str(a).startswith("--") and "=" in str(a))
+    model = {k[6:]: v for k, v in opts.items() if k.startswith("model.") and k != "model.threads_per_process"}
+    steps = int(opts.get("trainer.max_steps", 3))
+    seed = int(opts.get("seed_everything", 0))
+    return {"seed_everything": seed, "trainer": {"max_steps": steps}, "model": model}
+
+
 #: Stands in for ``python -m fl_lightning fit``: writes ``version_N/{config.yaml,summary.json}`` with
 #: ``final_global_acc = --model.acc + seed / 100``, or fails (``--model.fail``), or waits (``--model.wait``).
-FAKE_FIT = r"""
+FAKE_FIT = (
+    inspect.getsource(fake_config)
+    + r"""
 import json, os, sys, time
 opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
 if "model.wait" in opts:
@@ -49,15 +77,30 @@ n = len(os.listdir(root)) if os.path.isdir(root) else 0
 run = os.path.join(root, f"version_{n}")
 os.makedirs(run)
 acc = float(opts.get("model.acc", 0.5)) + int(opts["seed_everything"]) / 100
+config = fake_config(sys.argv[1:])
 with open(os.path.join(run, "config.yaml"), "w") as f:
-    f.write("trainer:\n  max_steps: 3\n")
-summary = {"rounds": 3, "metric": "acc", "final_global_acc": acc, "best_global_acc": acc, "wall_time_s": 1.0,
+    json.dump(config, f)
+steps = config["trainer"]["max_steps"]
+summary = {"rounds": steps, "max_steps": steps, "metric": "acc", "final_global_acc": acc,
+           "best_global_acc": acc, "wall_time_s": 1.0, "run_wall_time_s": 1.0,
            "mean_round_s": 0.5, "bytes_down": 1024, "bytes_up": 1024, "bytes_total": 2048,
            "argv": sys.argv[1:], "threads_env": os.environ.get("OMP_NUM_THREADS"),
            "machine": {"torch": "9.9", "device": "cpu", "cpu_kernels": "AVX2", "threads": 1}}
 with open(os.path.join(run, "summary.json"), "w") as f:
     json.dump(summary, f)
 """
+)
+
+#: The real ``fit`` parser's resolver (the quick tests resolve with :func:`fake_config` instead).
+REAL_RESOLVER = sweep_module.resolver
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_with_fake_resolver(tmp_path, monkeypatch):
+    """Every test starts in ``tmp_path`` (a sweep's default ``out`` is under the current folder), and
+    the sweep resolves run arguments with :func:`fake_config` (tests of the real parser restore it)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep_module, "resolver", lambda root: lambda args, check: fake_config(args))
 
 
 @pytest.fixture
@@ -98,19 +141,38 @@ def read_csv(path: Path) -> dict[str, dict[str, str]]:
 # ------------------------------------------------------------------------------------------- the table
 
 
-def craft_run(folder: Path, summary: dict, max_steps: int = 3, acc_curve: list[float] | None = None) -> None:
-    """A finished run folder as ``fit`` leaves it: config.yaml, summary.json and TensorBoard scalars."""
-    version = folder / "lightning_logs" / "version_0"
-    version.mkdir(parents=True)
-    (version / "config.yaml").write_text(f"trainer:\n  max_steps: {max_steps}\n")
-    (version / "summary.json").write_text(json.dumps(summary))
+def craft_run(
+    folder: Path,
+    summary: dict,
+    max_steps: int = 3,
+    acc_curve: list[float] | None = None,
+    version: int = 0,
+    model: dict | None = None,
+) -> Path:
+    """A run folder as ``fit`` leaves it: config.yaml (as :func:`fake_config` resolves the run's arguments:
+    its seed from the folder's name, ``model``'s options), summary.json and TensorBoard scalars."""
+    run = folder / "lightning_logs" / f"version_{version}"
+    run.mkdir(parents=True)
+    seed = int(folder.name[4:]) if folder.name.startswith("seed") else 0
+    config = {"seed_everything": seed, "trainer": {"max_steps": max_steps}, "model": model or {}}
+    (run / "config.yaml").write_text(json.dumps(config))
+    (run / "summary.json").write_text(json.dumps(summary))
     if acc_curve is not None:
-        writer = SummaryWriter(str(version))
+        writer = SummaryWriter(str(run))
         for step, acc in enumerate(acc_curve, 1):
             writer.add_scalar("global/acc", acc, step)
             writer.add_scalar("round/bytes_down", 2**20, step)
             writer.add_scalar("round/bytes_up", 2**19, step)
         writer.close()
+    return run
+
+
+def checkpoint(run: Path, rounds: int) -> Path:
+    """A ``last.ckpt`` of ``rounds`` rounds in a run's version folder (what the sweep reads of it)."""
+    path = run / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {}, "global_step": rounds}, path)
+    return path
 
 
 def summary(
@@ -118,6 +180,7 @@ def summary(
 ) -> dict:
     s: dict = {
         "rounds": 3,
+        "max_steps": 3,
         "metric": "acc",
         "final_global_acc": final,
         "best_global_acc": best,
@@ -224,46 +287,116 @@ def test_custom_columns_read_a_summary_key_or_a_scalar(tmp_path):
 # ------------------------------------------------------------------------------------------- run folders
 
 
-def test_a_run_is_finished_when_its_summary_covers_max_steps_or_the_sweep_saw_it_exit_0(tmp_path):
-    assert inspect_run(tmp_path / "nothing").kind == "new"
+def expected(max_steps: int = 3, model: dict | None = None, seed: int = 0) -> Expected:
+    """What a run resolves to, as :func:`fake_config` gives it (``craft_run`` writes the same)."""
+    config = {"seed_everything": seed, "trainer": {"max_steps": max_steps}, "model": model or {}}
+    return Expected(config_digest(config), max_steps, config)
+
+
+def test_a_run_is_finished_only_when_it_is_the_run_the_sweep_would_start_now(tmp_path):
+    assert inspect_run(tmp_path / "nothing", expected()).kind == "new"
     run = tmp_path / "run"
     craft_run(run, summary(0.9, 0.9), max_steps=3)
-    assert inspect_run(run).kind == "finished"
-    short = tmp_path / "short"  # an interrupted run that wrote a summary for the rounds done
-    craft_run(short, summary(0.9, 0.9), max_steps=10)
-    assert inspect_run(short).kind == "new"
-    ckpt = short / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    ckpt.parent.mkdir()
-    ckpt.write_bytes(b"")
-    state = inspect_run(short)
-    assert (state.kind, state.ckpt) == ("resume", ckpt)
-    (short / "sweep.json").write_text(json.dumps({"returncode": 0, "version": "version_0"}))
-    assert inspect_run(short).kind == "finished"  # stopped early (EarlyStopping) with exit status 0
-    (short / "lightning_logs" / "version_0" / "summary.json").write_text('{"rounds": 3')  # cut short
-    assert inspect_run(short).kind == "resume"
-    resumed = short / "lightning_logs" / "version_1"  # the resumed run's own version folder
-    resumed.mkdir()
-    (resumed / "config.yaml").write_text("trainer:\n  max_steps: 10\n")
-    (resumed / "summary.json").write_text(json.dumps(summary(0.9, 0.9) | {"rounds": 10}))
-    assert inspect_run(short).kind == "finished"
+    state = inspect_run(run, expected(3))
+    assert (state.kind, state.version) == ("finished", run / "lightning_logs" / "version_0")
+
+    # a shorter smoke run of the same config is not finished: it resumes to the sweep's rounds
+    smoke = tmp_path / "smoke"
+    v0 = craft_run(smoke, summary(0.1, 0.1) | {"rounds": 2, "max_steps": 2}, max_steps=2)
+    assert inspect_run(smoke, expected(10)).kind == "rerun"  # no checkpoint to resume from
+    ckpt = checkpoint(v0, 2)
+    state = inspect_run(smoke, expected(10))
+    assert (state.kind, state.ckpt, state.why) == ("resume", ckpt, "2 of 10 rounds done")
+    assert inspect_run(smoke, expected(2)).kind == "finished"  # what it was run for
+    # resumed to 10 and killed at round 7: config.yaml says 10, the summary is still the smoke run's
+    (v0 / "config.yaml").write_text(json.dumps(expected(10).config))
+    checkpoint(v0, 7)
+    state = inspect_run(smoke, expected(10))
+    assert (state.kind, state.why) == ("resume", "7 of 10 rounds done")
+    # a run that went further than the sweep's rounds is not its run either
+    state = inspect_run(smoke, expected(5))
+    assert state.kind == "rerun" and "it ran 7 rounds; the sweep's trainer.max_steps is 5" in state.why
+
+    # another config (a changed default or row argument): run again beside it, saying what changed
+    state = inspect_run(run, expected(3, model={"client.lr": 0.05}))
+    assert state.kind == "rerun" and state.why == "its config differs: model.client.lr: <unset> -> 0.05"
+    # ... which, once run, is finished, and the older version still counts for the older config
+    craft_run(run, summary(0.8, 0.8), model={"client.lr": 0.05}, version=1)
+    assert inspect_run(run, expected(3, model={"client.lr": 0.05})).version.name == "version_1"
+    assert inspect_run(run, expected(3)).version.name == "version_0"
+
+    # an interrupted start's summary: resume from its checkpoint
+    cut = tmp_path / "cut"
+    v0 = craft_run(cut, summary(0.5, 0.5) | {"rounds": 1, "max_steps": 3, "interrupted": True})
+    checkpoint(v0, 1)
+    assert inspect_run(cut, expected(3)).kind == "resume"
+    (v0 / "summary.json").write_text('{"rounds": 3')  # cut short while written
+    assert inspect_run(cut, expected(3)).kind == "resume"
+
+    # a summary written before summaries recorded max_steps: its rounds must be the sweep's, or the
+    # sweep saw its fit exit 0 (stopped early by EarlyStopping)
+    old = tmp_path / "old"
+    v0 = craft_run(old, {k: v for k, v in summary(0.9, 0.9).items() if k != "max_steps"} | {"rounds": 2})
+    checkpoint(v0, 2)
+    assert inspect_run(old, expected(3)).kind == "resume"
+    (old / "sweep.json").write_text(json.dumps({"returncode": 0, "version": "version_0"}))
+    assert inspect_run(old, expected(3)).kind == "finished"
+
     failed = tmp_path / "failed"
     failed.mkdir()
     (failed / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: x"}))
-    assert (inspect_run(failed).kind, inspect_run(failed).error) == ("failed", "error: x")
+    state = inspect_run(failed, expected())
+    assert (state.kind, state.error) == ("failed", "error: x")
 
 
-def test_rounds_to_target_reads_the_scalars_of_every_version_of_a_resumed_run(tmp_path):
+def test_config_digest_leaves_out_where_a_run_writes_and_how_the_sweep_runs_it():
+    config = {
+        "seed_everything": 1,
+        "trainer": {"max_steps": 5, "default_root_dir": "a", "enable_progress_bar": False},
+        "model": {"threads_per_process": 1, "client": {"init_args": {"lr": 0.1}}},
+        "data": {"root": "x", "download": False, "num_clients": 4},
+        "ckpt_path": None,
+    }
+    same = json.loads(json.dumps(config))
+    same["trainer"].update(max_steps=50, default_root_dir="b", enable_progress_bar=True)
+    same["model"]["threads_per_process"] = 2
+    same["data"].update(root="y", download=True)
+    same["ckpt_path"] = "last.ckpt"
+    assert config_digest(same) == config_digest(config)
+    for field in ("seed_everything", "model.client.init_args.lr", "data.num_clients"):
+        other = json.loads(json.dumps(config))
+        *parents, leaf = field.split(".")
+        node = other
+        for key in parents:
+            node = node[key]
+        node[leaf] = 7
+        assert config_digest(other) != config_digest(config), field
+        assert config_changes(config, other) == f"{field}: {_get(config, field)} -> 7"
+
+
+def _get(config: dict, field: str):
+    for key in field.split("."):
+        config = config[key]
+    return config
+
+
+def test_the_table_reads_the_scalars_of_the_finished_run_only(tmp_path):
     path = write_sweep(tmp_path, {"base": "base.yaml", "target": 0.6, "rows": [{"name": "r"}]})
     folder = tmp_path / "lightning_logs" / "sweeps" / "s" / "r" / "seed0"
-    craft_run(folder, summary(0.7, 0.7) | {"rounds": 4}, max_steps=4, acc_curve=[0.1, 0.65])
-    second = folder / "lightning_logs" / "version_1"
-    writer = SummaryWriter(str(second))
-    for step, acc in [(3, 0.5), (4, 0.7)]:
-        writer.add_scalar("global/acc", acc, step)
-    writer.close()
+    # version_0: the run of another config, which reached the target at once; version_1: the sweep's run
+    craft_run(folder, summary(0.9, 0.9), acc_curve=[0.7, 0.8, 0.9], model={"lr": 1})
+    craft_run(folder, summary(0.7, 0.7), acc_curve=[0.1, 0.65, 0.7], version=1)
     assert run_sweep([str(path), "--report"]) == 0
     row = read_csv(folder.parents[1] / "results.csv")["r"]
-    assert row["rounds_to_target_mean"] == "2.0"  # reached in the first version, before the resume
+    assert (row["final_mean"], row["rounds_to_target_mean"]) == ("70.0", "2.0")
+
+
+def test_the_wall_column_is_the_runs_wall_time_over_all_its_starts(tmp_path):
+    path = write_sweep(tmp_path, {"base": "base.yaml", "columns": ["wall_s"], "rows": [{"name": "r"}]})
+    out = tmp_path / "lightning_logs" / "sweeps" / "s"
+    craft_run(out / "r" / "seed0", summary(0.9, 0.9, wall=5.0) | {"run_wall_time_s": 12.5})
+    assert run_sweep([str(path), "--report"]) == 0
+    assert read_csv(out / "results.csv")["r"]["wall_s_mean"] == "12.5"
 
 
 # ------------------------------------------------------------------------------------------- the runner
@@ -333,39 +466,39 @@ def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fa
         tmp_path, {"base": "base.yaml", "args": ["--model.wait=60"], "seeds": [0, 1], "rows": [{"name": "r"}]}
     )
     sweep = load_sweep(path)
-    for run in runs_of(sweep):  # both failed on an earlier start
+    runs = expect(sweep, runs_of(sweep), [])
+    for run in runs:  # both failed on an earlier start
         run.folder.mkdir(parents=True)
         (run.folder / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: old"}))
     previous = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
-    outcome, interrupted = execute(sweep, runs_of(sweep), jobs=2, threads=1, extra=[])
+    outcome, interrupted = execute(sweep, runs, jobs=2, threads=1, extra=[])
     assert interrupted and outcome == {}
     assert "interrupted: 2 run(s) stopped; start the sweep again" in capsys.readouterr().out
-    for run in runs_of(sweep):  # each run got SIGINT (Lightning's graceful stop), not a kill
+    for run in runs:  # each run got SIGINT (Lightning's graceful stop), not a kill
         assert (run.folder / "interrupted").exists()
-    (row,) = collect(sweep, runs_of(sweep), outcome)
+    (row,) = collect(sweep, runs, outcome)
     assert (row.failed, row.missing) == ([], [0, 1])  # to resume, no longer failed with the old error
     assert signal.getsignal(signal.SIGTERM) == previous
 
 
-def test_print_commands_lists_the_runs_to_do_with_resume_checkpoints(tmp_path, capsys, monkeypatch):
+def test_print_commands_lists_the_runs_to_do_with_resume_checkpoints(tmp_path, capsys):
+    """Started from a folder other than the sweep's root: the runs go under that folder (absolute paths in
+    the commands), the commands run in the root (configs are relative to it)."""
     path = write_sweep(tmp_path / "exp", {"base": "base.yaml", "seeds": [0, 1, 2], "rows": [{"name": "r"}]})
-    out = tmp_path / "exp" / "lightning_logs" / "sweeps" / "s" / "r"
+    out = tmp_path / "lightning_logs" / "sweeps" / "s" / "r"
     craft_run(out / "seed0", summary(0.9, 0.9))
-    ckpt = out / "seed1" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    ckpt.parent.mkdir(parents=True)
-    ckpt.write_bytes(b"")
-    monkeypatch.chdir(tmp_path)
+    checkpoint(craft_run(out / "seed1", summary(0.2, 0.2) | {"rounds": 1, "interrupted": True}), 1)
     assert run_sweep([str(path), "--print-commands", "--threads", "2"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     cd = f"cd {tmp_path / 'exp'} && OMP_NUM_THREADS=2 python -m fl_lightning fit --config=base.yaml "
     base = cd + "--trainer.enable_progress_bar=false --model.threads_per_process=2 "
     assert lines == [
-        base + "--seed_everything=1 --trainer.default_root_dir=lightning_logs/sweeps/s/r/seed1 "
-        "--ckpt_path=lightning_logs/sweeps/s/r/seed1/lightning_logs/version_0/checkpoints/last.ckpt",
-        base + "--seed_everything=2 --trainer.default_root_dir=lightning_logs/sweeps/s/r/seed2",
+        base + f"--seed_everything=1 --trainer.default_root_dir={out}/seed1 "
+        f"--ckpt_path={out}/seed1/lightning_logs/version_0/checkpoints/last.ckpt",
+        base + f"--seed_everything=2 --trainer.default_root_dir={out}/seed2",
     ]
     assert "# 2 of 3 runs to do" in captured.err
     assert not (out / "seed2").exists()  # nothing ran
@@ -460,7 +593,6 @@ def test_check_without_a_stored_table_is_one_line(tmp_path, capsys):
         ),
         ({"base": "missing.yaml", "rows": [{"name": "a"}]}, "base: config file missing.yaml not found"),
         ({"rows": [{"name": "a", "config": "nope.yaml"}]}, "rows[0]: config file nope.yaml not found"),
-        ({"rows": [{"name": "a"}]}, "row 'a' has no config file; give base: or the row a config:"),
         ({"base": "base.yaml"}, "give either grid: (named axes) or rows: (a list)"),
         ({"base": "base.yaml", "rows": [{"name": "a"}], "grid": {"m": {"x": {}}}}, "give either grid:"),
         ({"base": "base.yaml", "grid": {"m": {"x": {"conf": "a"}}}}, "grid.m.x: unknown key 'conf'; did you"),
@@ -575,9 +707,40 @@ def test_the_sweep_module_launches_the_cli_and_imports_nothing_of_the_engine():
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
     assert {m for m in imported if m.startswith("fl_lightning")} == {
+        "fl_lightning.cli",  # fit's parser: what a run's arguments resolve to
         "fl_lightning.errors",
+        "fl_lightning.lightning.checkpoint",  # the rounds a last.ckpt holds
         "fl_lightning.runs",
     }
+
+
+def test_a_sweep_without_base_runs_the_zero_config_fit(tmp_path, fake_fit, capsys):
+    path = write_sweep(tmp_path, {"rows": [{"name": "default"}, {"name": "prox", "args": ["--model.mu=1"]}]})
+    assert [r.configs for r in load_sweep(path).rows] == [(), ()]
+    assert run_sweep([str(path)]) == 0
+    assert capsys.readouterr().out.count(" done    ") == 2
+
+
+def test_row_arguments_fit_would_refuse_stop_the_sweep_before_any_run(
+    tmp_path, fake_fit, capsys, monkeypatch
+):
+    monkeypatch.setattr(sweep_module, "resolver", REAL_RESOLVER)
+    rows = [{"name": "ok"}, {"name": "typo", "args": ["--model.lr=0.1"]}]
+    path = write_sweep(tmp_path, {"args": ["--trainer.max_steps=2"], "rows": rows})
+    (tmp_path / "base.yaml").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {path}: row typo (seed 0): --model.lr is not an option; did you mean --model.lr_decay or "
+        "--model.client.lr?\n"
+    )
+    assert not (tmp_path / "lightning_logs").exists()  # nothing started
+    path = write_sweep(tmp_path, {"rows": [{"name": "half", "args": ["--model.participation=1.5"]}]})
+    with pytest.raises(SystemExit):
+        main([str(path)])
+    assert "row half (seed 0): model.participation=1.5 must be in (0, 1]" in capsys.readouterr().err
 
 
 RECIPE_SWEEPS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name != "flower")
@@ -587,9 +750,19 @@ RECIPE_SWEEPS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.paren
 def test_every_recipe_sweep_file_loads_and_pins_threads_or_runs_one_at_a_time(path):
     sweep = load_sweep(path)  # config files exist, keys and columns are known
     assert sweep.root == ROOT and sweep.rows
-    assert sweep.out == ROOT / "lightning_logs" / "sweeps" / sweep.name
+    assert sweep.out == Path.cwd() / "lightning_logs" / "sweeps" / sweep.name  # where the user starts it
     # CPU tables: one thread per run, reproducible (--check) whatever the machine; full size: one at a time
     assert sweep.threads == 1 or (sweep.jobs == 1 and not path.stem.endswith("_cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", RECIPE_SWEEPS, ids=[str(p.relative_to(ROOT)) for p in RECIPE_SWEEPS])
+def test_every_recipe_sweep_row_resolves_with_fits_parser(path, monkeypatch):
+    """Every run of every recipe sweep parses as fit parses it (nothing is built: no pretrained download)."""
+    monkeypatch.setattr(sweep_module, "resolver", REAL_RESOLVER)
+    sweep = load_sweep(path)
+    runs = expect(sweep, runs_of(sweep), [], build=False)
+    assert all(r.expected is not None and r.expected.max_steps >= 1 for r in runs)
 
 
 STORED_TABLES = sorted(p for p in RECIPE_SWEEPS if p.with_suffix(".csv").is_file())
@@ -727,11 +900,10 @@ def test_an_interrupted_run_is_resumed_from_its_last_checkpoint(tmp_path):
         ]
     )
     (run / "lightning_logs" / "version_0" / "summary.json").unlink()
-    assert inspect_run(run).kind == "resume"
 
     proc = sweep_cli(tmp_path, "s.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resume  r seed 0 from lightning_logs/version_0/checkpoints/last.ckpt" in proc.stdout
+    assert "resume  r seed 0 from lightning_logs/version_0/checkpoints/last.ckpt (1 of 2" in proc.stdout
     assert (
         "--ckpt_path=lightning_logs/sweeps/s/r/seed0/lightning_logs/version_0/checkpoints/last.ckpt"
         in (run / "fit.log").read_text()
@@ -742,3 +914,28 @@ def test_an_interrupted_run_is_resumed_from_its_last_checkpoint(tmp_path):
     assert (resumed["rounds"], resumed["rounds_this_run"]) == (2, 1)
     row = read_csv(run.parents[1] / "results.csv")["r"]
     assert row["rounds_to_target_mean"] == "1.0"  # round 1 is in the first version's scalars
+
+
+@pytest.mark.slow
+def test_a_smoke_run_of_a_row_is_resumed_to_the_sweeps_own_rounds_not_reported(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "s.yaml").write_text("base: tiny.yaml\nseeds: [0, 1]\nrows: [{name: a}, {name: b}]\n")
+    smoke = sweep_cli(tmp_path, "s.yaml", "--rows", "a", "--seeds", "0", "--", "--trainer.max_steps=1")
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    full = sweep_cli(tmp_path, "s.yaml")
+    assert full.returncode == 0, full.stdout + full.stderr
+    assert "resume  a seed 0 from lightning_logs/version_0/checkpoints/last.ckpt (1 of 2 rounds done)" in (
+        full.stdout
+    )
+    assert full.stdout.count(" start   ") == 3 and " skipped " not in full.stdout
+    run = tmp_path / "lightning_logs" / "sweeps" / "s" / "a" / "seed0" / "lightning_logs" / "version_0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["rounds"], summary["max_steps"], summary["rounds_this_run"]) == (2, 2, 1)
+    assert summary["run_wall_time_s"] > summary["wall_time_s"]  # the smoke start counts too
+
+    changed = sweep_cli(tmp_path, "s.yaml", "--rows", "b", "--", "--model.client.init_args.lr=0.05")
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert changed.stdout.count("its config differs: model.client.init_args.lr: 0.1 -> 0.05") == 2
+    again = sweep_cli(tmp_path, "s.yaml", "--report")
+    table = read_csv(tmp_path / "lightning_logs" / "sweeps" / "s" / "results.csv")
+    assert again.returncode == 0 and table["b"]["seeds"] == "2"  # the lr=0.1 runs, still there

@@ -64,7 +64,10 @@ class FederatedSummary(Callback):
     writes ``summary.json`` for the rounds it completed, with ``"interrupted": true`` and the
     ``reason``; its per-client spread is left out (the final model is not evaluated on the way out).
     A resumed run's numbers cover every round since the run began (the checkpoint carries the
-    history): ``rounds`` counts them all, ``rounds_this_run`` those of this invocation.
+    history): ``rounds`` counts them all, ``rounds_this_run`` those of this invocation; ``wall_time_s`` is
+    this invocation's wall time and ``run_wall_time_s`` the run's over all its starts (each start up to
+    the checkpoint the next one resumed from). ``max_steps`` is the ``trainer.max_steps`` the run was
+    given, so a reader (the sweep) can tell a run cut short from a run that ended where it was asked to.
 
     Every logger also receives ``log_hyperparams(hparams, metrics)``: the run's hyperparameters
     with its summary numbers as ``summary/<key>`` scalars (at step = rounds done), so
@@ -78,11 +81,22 @@ class FederatedSummary(Callback):
 
     def __init__(self, hparams: Mapping[str, Any] | None = None) -> None:
         self._start: float | None = None
+        self._before = 0.0  # wall time of the run's earlier starts, up to the checkpoint resumed from
         self.hparams = dict(hparams) if hparams is not None else None
         self.summary: dict[str, Any] = {}
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = time.perf_counter()
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._start if self._start is not None else 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        """The run's wall time up to this checkpoint (its earlier starts included), for a resume to add to."""
+        return {"run_wall_time_s": self._before + self._elapsed()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._before = float(state_dict.get("run_wall_time_s", 0.0))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Evaluate the final model here, while it is still on the training device: before ``on_fit_end``
@@ -110,7 +124,9 @@ class FederatedSummary(Callback):
     def _finish(
         self, trainer: Trainer, pl_module: LightningModule, per_client: dict, reason: str | None
     ) -> None:
-        self.summary = summarize(pl_module.history, per_client, time.perf_counter() - (self._start or 0.0))
+        self.summary = summarize(pl_module.history, per_client, self._elapsed())
+        self.summary["run_wall_time_s"] = self._before + self.summary["wall_time_s"]
+        self.summary["max_steps"] = trainer.max_steps
         dm = getattr(trainer, "datamodule", None)
         self.summary["global_split"] = getattr(dm, "val_split", "test")
         self.summary["interrupted"] = reason is not None
@@ -141,7 +157,10 @@ class FederatedSummary(Callback):
         reported = sorted(k for k in s if "/" in k)  # the strategy's scalars (privacy/epsilon, ...)
         if reported:
             lines.append("  " + ", ".join(f"{k}: {s[k]:.4g}" for k in reported))
-        lines.append(f"  wall time: {s['wall_time_s']:.1f} s ({s['mean_round_s']:.3f} s/round)")
+        wall = f"  wall time: {s['wall_time_s']:.1f} s ({s['mean_round_s']:.3f} s/round)"
+        if s["rounds_this_run"] < s["rounds"]:  # a resumed run: its starts together
+            wall += f"; {s['run_wall_time_s']:.1f} s over all the run's starts"
+        lines.append(wall)
         if s.get("machine"):
             lines.append(f"  machine: {machine_text(s['machine'])}")
         lines.append(
