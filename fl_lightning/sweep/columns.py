@@ -1,0 +1,205 @@
+"""The table's columns: how each reads a finished run (summary.json, TensorBoard scalars) and prints."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fl_lightning.errors import ConfigError
+from fl_lightning.runs import read_scalars
+
+CUSTOM_KEYS = ("label", "summary", "scalar", "scale", "digits")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: how to read a run's value and how to print it."""
+
+    key: str
+    label: str  # ``{m}`` is the metric's name, ``{target}`` the target
+    digits: int
+    legend: str
+    read: Callable[[RunData], float | None]
+    checked: bool = True  # compared by --check (wall-clock columns are not)
+
+
+class RunData:
+    """A finished run's summary.json and (read on first use) its TensorBoard scalars (its version folder)."""
+
+    def __init__(
+        self, folder: Path, summary: dict[str, Any], target: tuple[str | None, float] | None
+    ) -> None:
+        self.folder = folder  # the run's lightning_logs/version_N
+        self.summary = summary
+        self.metric = str(summary.get("metric", "acc"))
+        self.target = target
+        self._scalars: dict[str, list[tuple[int, float]]] | None = None
+
+    @property
+    def scalars(self) -> dict[str, list[tuple[int, float]]]:
+        if self._scalars is None:
+            self._scalars = read_scalars(self.folder)
+        return self._scalars
+
+    def last_scalar(self, tag: str) -> float | None:
+        values = self.scalars.get(tag)
+        return values[-1][1] if values else None
+
+    def target_reached(self) -> tuple[int, float] | None:
+        """``(round, bytes)`` when the target tag first reached the target value, else None."""
+        if self.target is None:
+            return None
+        tag, value = self.target
+        for step, v in self.scalars.get(tag or f"global/{self.metric}", []):
+            if v >= value:
+                sent = sum(
+                    b
+                    for t in ("round/bytes_down", "round/bytes_up")
+                    for s, b in self.scalars.get(t, [])
+                    if s <= step
+                )
+                return step, sent
+        return None
+
+
+def _summary_pct(key: str) -> Callable[[RunData], float | None]:
+    def read(d: RunData) -> float | None:
+        v = d.summary.get(key.format(m=d.metric))
+        return None if v is None else 100.0 * float(v)
+
+    return read
+
+
+def _summary_num(key: str, scale: float = 1.0, per_round: bool = False) -> Callable[[RunData], float | None]:
+    def read(d: RunData) -> float | None:
+        v = d.summary.get(key)
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            return None
+        rounds = d.summary.get("rounds") or 0
+        if per_round:
+            return None if not rounds else scale * v / rounds
+        return scale * float(v)
+
+    return read
+
+
+def _run_wall(d: RunData) -> float | None:
+    """The run's wall time over all its starts (``run_wall_time_s``; a summary written before it: the
+    last start's, ``wall_time_s``)."""
+    return _summary_num("run_wall_time_s" if "run_wall_time_s" in d.summary else "wall_time_s")(d)
+
+
+def client_mean(d: RunData) -> float | None:
+    spread = d.summary.get(f"client_{d.metric}")
+    return 100.0 * float(spread["mean"]) if isinstance(spread, dict) and "mean" in spread else None
+
+
+def _personal(d: RunData) -> float | None:
+    v = d.last_scalar(f"personal/{d.metric}")
+    return None if v is None else 100.0 * v
+
+
+def _to_target_rounds(d: RunData) -> float | None:
+    hit = d.target_reached()
+    return None if hit is None else float(hit[0])
+
+
+def _to_target_mib(d: RunData) -> float | None:
+    hit = d.target_reached()
+    return None if hit is None else hit[1] / 2**20
+
+
+_MIB, _KIB = 1 / 2**20, 1 / 2**10
+
+
+COLUMNS: dict[str, Column] = {
+    c.key: c
+    for c in [
+        Column(
+            "final", "final {m} (%)", 2, "global model after the last round", _summary_pct("final_global_{m}")
+        ),
+        Column("best", "best {m} (%)", 2, "global model, best round", _summary_pct("best_global_{m}")),
+        Column("best_round", "best round", 1, "round of the best global value", _summary_num("best_round")),
+        Column(
+            "client",
+            "client {m} (%)",
+            2,
+            "mean over clients of the deployed model (the personalised one for personalised strategies, "
+            "else the global model) on each client's local test split",
+            client_mean,
+        ),
+        Column(
+            "personal",
+            "personal {m} (%)",
+            2,
+            "every client's deployed model on its local test split, merged over clients (last personal/{m})",
+            _personal,
+        ),
+        Column("rounds", "rounds", 1, "rounds done", _summary_num("rounds")),
+        Column(
+            "rounds_to_target",
+            "rounds to {target}",
+            1,
+            "first round whose {tag} reached the target (mean over the seeds that reached it)",
+            _to_target_rounds,
+        ),
+        Column("mib_to_target", "MiB to {target}", 2, "bytes down + up until then", _to_target_mib),
+        Column("wall_s", "wall (s)", 1, "wall time of the run (all its starts)", _run_wall, False),
+        Column("s_per_round", "s/round", 3, "mean time per round", _summary_num("mean_round_s"), False),
+        Column("mib", "MiB", 2, "bytes down + up, all rounds", _summary_num("bytes_total", _MIB)),
+        Column("mib_down", "MiB down", 2, "bytes to the clients", _summary_num("bytes_down", _MIB)),
+        Column("mib_up", "MiB up", 2, "bytes from the clients", _summary_num("bytes_up", _MIB)),
+        Column(
+            "mib_per_round",
+            "MiB/round",
+            3,
+            "bytes down + up per round",
+            _summary_num("bytes_total", _MIB, True),
+        ),
+        Column(
+            "kib_per_round",
+            "KiB/round",
+            1,
+            "bytes down + up per round",
+            _summary_num("bytes_total", _KIB, True),
+        ),
+        Column("kib_down_per_round", "KiB down/round", 1, "", _summary_num("bytes_down", _KIB, True)),
+        Column("kib_up_per_round", "KiB up/round", 1, "", _summary_num("bytes_up", _KIB, True)),
+    ]
+}
+
+
+DEFAULT_COLUMNS = ("final", "best", "client", "rounds_to_target", "wall_s", "mib")
+
+
+def custom_column(spec: dict[str, Any], where: str) -> Column:
+    """A column read from any summary.json number or last TensorBoard scalar (``spec``'s keys checked)."""
+    label = spec.get("label")
+    if not isinstance(label, str) or not label:
+        raise ConfigError(
+            f"{where}.label: give the column's header, e.g. {{label: eps, summary: privacy/epsilon}}"
+        )
+    sources = [k for k in ("summary", "scalar") if k in spec]
+    if len(sources) != 1 or not isinstance(spec[sources[0]], str):
+        raise ConfigError(f"{where}: give one of summary: <summary.json key> or scalar: <TensorBoard tag>")
+    scale = spec.get("scale", 1.0)
+    digits = spec.get("digits", 2)
+    if not isinstance(scale, int | float) or isinstance(scale, bool):
+        raise ConfigError(f"{where}.scale={scale!r} must be a number, e.g. 100 for a fraction in %")
+    if not isinstance(digits, int) or isinstance(digits, bool) or not 0 <= digits <= 8:
+        raise ConfigError(f"{where}.digits={digits!r} must be an integer in [0, 8]")
+    source = spec[sources[0]]
+    if sources[0] == "summary":
+        read = _summary_num(source, float(scale))
+    else:
+
+        def read(d: RunData, tag: str = source, s: float = float(scale)) -> float | None:
+            v = d.last_scalar(tag)
+            return None if v is None else s * v
+
+    key = re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_").lower() or "value"
+    label = label.replace("{", "{{").replace("}", "}}")  # headers are formatted with {m} and {target}
+    return Column(key, label, digits, f"{sources[0]} {source}", read)

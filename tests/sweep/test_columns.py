@@ -1,0 +1,29 @@
+"""The columns: what each reads of a finished run (its summary.json, its TensorBoard scalars)."""
+
+from __future__ import annotations
+
+import pytest
+from sweep_helpers import craft_run, summary
+
+from fl_lightning.sweep import COLUMNS, RunData
+
+
+def test_the_target_is_reached_at_the_first_round_at_or_above_it(tmp_path):
+    run = craft_run(tmp_path / "seed0", summary(0.8, 0.8), acc_curve=[0.5, 0.75, 0.8])
+    reached = RunData(run, summary(0.8, 0.8), (None, 0.75)).target_reached()
+    assert reached == (2, 2 * (2**20 + 2**19))  # round 2 equals the target: reached; bytes until then
+    assert RunData(run, summary(0.8, 0.8), (None, 0.81)).target_reached() is None
+    assert RunData(run, summary(0.8, 0.8), ("round/bytes_up", 2**19)).target_reached()[0] == 1  # any tag
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("final", 90.0), ("best", 95.0), ("client", 85.0), ("rounds", 3.0), ("mib", 4.0), ("wall_s", 12.5)],
+)
+def test_summary_columns_read_their_summary_key_in_the_printed_unit(tmp_path, key, value):
+    s = summary(0.9, 0.95, 0.85, wall=10.0) | {"run_wall_time_s": 12.5}
+    assert COLUMNS[key].read(RunData(tmp_path, s, None)) == pytest.approx(value)
+
+
+def test_the_wall_column_of_a_summary_written_before_run_wall_time_is_its_last_start(tmp_path):
+    assert COLUMNS["wall_s"].read(RunData(tmp_path, summary(0.9, 0.9, wall=7.0), None)) == 7.0
