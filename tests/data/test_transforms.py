@@ -4,12 +4,17 @@ read of a client's samples and on every execution path."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from fl_lightning.api.types import ClientContext
+from fl_lightning.cli import main
 from fl_lightning.data import (
     IID,
     FederatedDataModule,
@@ -24,6 +29,7 @@ from fl_lightning.data import (
 from fl_lightning.data.transforms import distinct_permutations, flip_labels, noise_std, rotate
 from fl_lightning.engine import vectorized
 from fl_lightning.errors import ConfigError
+from fl_lightning.runs import latest_run
 from fl_lightning.strategies import FedAvg, FedGen
 
 from conftest import global_weights, make_data, make_module, make_trainer
@@ -312,3 +318,85 @@ def test_noise_evaluates_the_clean_test_set_by_default_and_per_client_on_request
     assert g0 == 0 and torch.equal(x0, dm.splits.test_x[: len(x0)])  # party 0: no noise
     again = list(per.test_dataloader())
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again))  # the same noisy copy each time
+
+
+# ------------------------------------------------------------------------- Flower and two processes
+ROOT = Path(__file__).resolve().parents[2]
+PATH_ARGS = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_progress_bar=false",
+    "--data.num_clients=4",
+    "--model.local_steps=2",
+    "--model.eval_clients_every=0",
+    "--data.client_transform=GaussianNoise",
+    "--data.client_transform.sigma=0.5",
+    "--trainer.max_steps=2",
+]
+
+
+def _last_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return torch.load(latest_run(folder) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def _flower(folder: Path, config: Path) -> None:
+    pytest.importorskip("flwr")
+    from flower_helpers import LocalGrid
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fl_lightning.flower import client_app, fit_on_grid
+
+    args = [*PATH_ARGS, f"--trainer.default_root_dir={folder}"]
+    with pytest.MonkeyPatch.context() as mp:  # the ids Flower's runtimes set, here the test's
+        for attr, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+            mp.setattr(TaskIdentity, attr, value)
+        fit_on_grid(LocalGrid(client_app(config, args), 4), config, args, wait_for_nodes=1)
+
+
+def _two_processes(folder: Path, config: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "fl_lightning",
+        "fit",
+        f"--config={config}",
+        *PATH_ARGS,
+        "--trainer.devices=2",
+    ]
+    proc = subprocess.run(
+        [*cmd, f"--trainer.default_root_dir={folder}"],
+        cwd=folder.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("path", ["flower", pytest.param("two_processes", marks=pytest.mark.slow)])
+def test_noise_gives_the_same_weights_through_flower_and_two_processes(tmp_path, monkeypatch, path):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "flower"))
+    config = tmp_path / "run.yaml"
+    config.write_text("seed_everything: 0\n")
+    main(["fit", f"--config={config}", *PATH_ARGS, f"--trainer.default_root_dir={tmp_path / 'one'}"])
+    (_flower if path == "flower" else _two_processes)(tmp_path / path, config)
+    base, other = _last_weights(tmp_path / "one"), _last_weights(tmp_path / path)
+    for k in base:
+        torch.testing.assert_close(other[k], base[k], rtol=0, atol=1e-5)
+
+
+def test_tensorboard_has_the_card_and_the_per_group_scalars(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    module = make_module(FedAvg())
+    make_trainer(tmp_path, rounds=1, logger=logger).fit(
+        module, datamodule=make_data(client_transform=Rotation(k=2))
+    )
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    assert "partition/client_transform/text_summary" in events.Tags()["tensors"]
+    text = events.Tensors("partition/client_transform/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "Rotation(k=2)" in text and "| 3 | 1 | rotated 180 degrees |" in text
+    assert {"global/group0/acc", "global/group1/acc", "global/acc"} <= set(events.Tags()["scalars"])
