@@ -148,6 +148,7 @@ class ClientTransform:
         self._seed = 0
         self._num_clients = 0
         self._num_classes = 0
+        self._copies: dict[tuple[object, torch.device], Tensor] = {}
 
     # ----------------------------------------------------------------------------- binding
     @property
@@ -171,6 +172,7 @@ class ClientTransform:
             ConfigError: If the transform does not fit the data (one line naming the field).
         """
         self._seed, self._num_clients, self._num_classes = int(seed), len(clients), int(num_classes)
+        self._copies = {}
         self.check(len(clients), num_classes, task, input_shape)
         self._bind(clients)
         for c in clients:
@@ -217,6 +219,14 @@ class ClientTransform:
     def group_labels(self, group: int, y: Tensor) -> Tensor:
         """Test labels as group ``group`` sees them (per-group global evaluation)."""
         return y
+
+    def _on(self, key: object, t: Tensor, device: torch.device) -> Tensor:
+        """``t`` (a host table, named ``key``) on ``device``, copied there once rather than every batch."""
+        if t.device == device:
+            return t
+        if (key, device) not in self._copies:
+            self._copies[key, device] = t.to(device)
+        return self._copies[key, device]
 
     # ----------------------------------------------------------------------------- generators
     def eval_generator(self, client: int) -> torch.Generator | None:
@@ -450,7 +460,7 @@ class LabelPermutation(ClientTransform):
     def group_labels(self, group: int, y: Tensor) -> Tensor:
         if group == 0:
             return y
-        perm = self._perms[group].to(y.device)
+        perm = self._on(("perm", group), self._perms[group], y.device)
         if self._multilabel:  # column c of the result is the original column inv[c]
             return y[..., torch.argsort(perm)]
         return perm[y]
@@ -533,7 +543,8 @@ class LabelNoise(ClientTransform):
         if self._rates[client] == 0:
             return y
         keys, values = self._tables[client, split]
-        keys, values = keys.to(idx.device), values.to(y.device)
+        keys = self._on(("keys", client, split), keys, idx.device)
+        values = self._on(("values", client, split), values, y.device)
         return values[torch.searchsorted(keys, idx)].to(y.dtype)
 
 
