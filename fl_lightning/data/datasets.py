@@ -1,12 +1,15 @@
-"""In-memory image classification datasets as normalised float tensors.
+"""In-memory classification datasets as tensors.
 
-Every loader returns a :class:`DatasetSplits` whose images are ``float32 [N, C, H, W]`` tensors
-normalised per channel with the mean and standard deviation of the training split, and whose labels
-are ``int64`` tensors. Loaders are registered by name with :func:`register_dataset` and called via
-:func:`load_dataset`. ``digits`` ships with scikit-learn (no download); the torchvision datasets read
-the files torchvision itself downloads (torchvision is imported lazily, inside the loaders);
-``fashion_mnist`` (:mod:`fl_lightning.data.fashion_mnist`) also reads the files of Debian's
-``dataset-fashion-mnist`` package in place.
+Every loader returns a :class:`DatasetSplits` whose labels are ``int64`` tensors and whose inputs are
+images as ``float32 [N, C, H, W]`` tensors normalised per channel with the mean and standard deviation of
+the training split, vectors ``float32 [N, D]`` (``fedprox_synthetic``, LEAF's Synthetic), or token ids
+``[N, T]`` (``shakespeare``, LEAF's Shakespeare and Sent140; ``vocab_size`` says how many). Datasets with
+their own users say each sample's user (``users``, ``train_users``, ``test_users``). Loaders are
+registered by name with :func:`register_dataset` and called via :func:`load_dataset`. ``digits`` ships
+with scikit-learn (no download); the torchvision datasets read the files torchvision itself downloads
+(torchvision is imported lazily, inside the loaders); ``fashion_mnist``
+(:mod:`fl_lightning.data.fashion_mnist`) also reads the files of Debian's ``dataset-fashion-mnist``
+package in place.
 """
 
 from __future__ import annotations
