@@ -267,6 +267,8 @@ class FederatedModule(LightningModule):
                 if synthetic
                 else "use --model.client.net=CharLSTM or LogisticRegression for token ids"
                 if not x.is_floating_point()
+                else "use --model.client.net=LogisticRegression (or MLP) for vectors"
+                if x.dim() == 2
                 else "set its in_channels/input size to match"
             )
             raise ConfigError(
