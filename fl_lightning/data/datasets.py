@@ -1,17 +1,21 @@
-"""In-memory image classification datasets as normalised float tensors.
+"""In-memory classification datasets as tensors.
 
-Every loader returns a :class:`DatasetSplits` whose images are ``float32 [N, C, H, W]`` tensors
-normalised per channel with the mean and standard deviation of the training split, and whose labels
-are ``int64`` tensors. Loaders are registered by name with :func:`register_dataset` and called via
-:func:`load_dataset`. ``digits`` ships with scikit-learn (no download); the torchvision datasets read
-the files torchvision itself downloads (torchvision is imported lazily, inside the loaders);
-``fashion_mnist`` (:mod:`fl_lightning.data.fashion_mnist`) also reads the files of Debian's
-``dataset-fashion-mnist`` package in place.
+Every loader returns a :class:`DatasetSplits` whose labels are ``int64`` tensors and whose inputs are
+images as ``float32 [N, C, H, W]`` tensors normalised per channel with the mean and standard deviation of
+the training split, vectors ``float32 [N, D]`` (``fedprox_synthetic``, LEAF's Synthetic), or token ids
+``[N, T]`` (``shakespeare``, LEAF's Shakespeare and Sent140; ``vocab_size`` says how many). Datasets with
+their own users say each sample's user (``users``, ``train_users``, ``test_users``). Loaders are
+registered by name with :func:`register_dataset` and called via :func:`load_dataset`. ``digits`` ships
+with scikit-learn (no download); the torchvision datasets read the files torchvision itself downloads
+(torchvision is imported lazily, inside the loaders); ``fashion_mnist``
+(:mod:`fl_lightning.data.fashion_mnist`) also reads the files of Debian's ``dataset-fashion-mnist``
+package in place.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +51,14 @@ class DatasetSplits:
         train_y: ``int64 [N]`` training labels (``[N, L]`` 0/1 targets for multilabel data).
         test_x: Test images, normalised with the training split's statistics.
         test_y: Test labels.
+        vocab_size: For token inputs (integer ``[N, T]``, e.g. characters or words): the number of token
+            ids; None for float inputs. Networks that embed tokens take their size from it.
+        users: Names of the dataset's own users (natural per-user data: FLAIR, Shakespeare, LEAF,
+            FedProx's Synthetic), None for a centralised dataset.
+        train_users: ``int64 [N]``: index into ``users`` of each training sample's user.
+        test_users: ``int64 [N_test]``: index into ``users`` of each test sample's user when the test set
+            is the users' own held-out data (LEAF's per-user split); None when the test users are others
+            (FLAIR) or there are no users.
     """
 
     name: str
@@ -56,11 +68,25 @@ class DatasetSplits:
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    vocab_size: int | None = None
+    users: list[str] | None = None
+    train_users: np.ndarray | None = None
+    test_users: np.ndarray | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """Shape ``(C, H, W)`` of one input."""
+        """Shape of one input: ``(C, H, W)`` for images, ``(D,)`` for vectors, ``(T,)`` for tokens."""
         return tuple(self.train_x.shape[1:])
+
+    @property
+    def has_users(self) -> bool:
+        """Whether the dataset brings its own users (``data.partition=NaturalUsers`` applies)."""
+        return self.users is not None and self.train_users is not None
+
+    @property
+    def per_user_test(self) -> bool:
+        """Whether the test set is the users' own test data (each user's local test split)."""
+        return self.has_users and self.test_users is not None
 
 
 Loader = Callable[[Path, bool], DatasetSplits]
@@ -90,7 +116,11 @@ def list_datasets() -> list[str]:
 
 
 def load_dataset(
-    name: str, root: str | Path = "data", download: bool = False, synthetic: SyntheticData | None = None
+    name: str,
+    root: str | Path = "data",
+    download: bool = False,
+    synthetic: SyntheticData | None = None,
+    options: Any = None,
 ) -> DatasetSplits:
     """Load a registered dataset into memory.
 
@@ -100,6 +130,8 @@ def load_dataset(
         root: Folder holding (or receiving) the dataset files (``data.root``).
         download: Let the loader download missing files (``data.download``; needs network).
         synthetic: Options of the generated data (``data.synthetic``); ignored for other datasets.
+        options: The dataset's own options (``data.shakespeare``, ``data.leaf``, ``data.fedprox_synthetic``),
+            passed to loaders that take an ``options`` argument; None: their defaults.
 
     Raises:
         ConfigError: For an unknown name (the message lists the known names) or missing files.
@@ -108,7 +140,10 @@ def load_dataset(
         return synthetic_dataset(name, synthetic)
     if name not in _DATASETS:
         raise ConfigError(f"data.dataset={name!r} is unknown; choose one of {', '.join(list_datasets())}")
-    return _DATASETS[name](Path(root).expanduser(), bool(download))
+    loader = _DATASETS[name]
+    if "options" in inspect.signature(loader).parameters:
+        return loader(Path(root).expanduser(), bool(download), options=options)  # type: ignore[call-arg]
+    return loader(Path(root).expanduser(), bool(download))
 
 
 # ------------------------------------------------------------------------------------- normalisation

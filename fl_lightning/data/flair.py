@@ -24,8 +24,10 @@ the size it is about to allocate.
 **Natural partition.** ``data.dataset: flair`` with ``data.partition: NaturalUsers`` makes every
 user of the file one client (``data.num_clients`` of them, sampled with ``data.seed`` if the file holds
 more users); the federation's clients are then sampled per round with ``model.clients_per_round``
-(FedCOG: 200 clients, 10 per round). The partitioner reads the users' image counts from the same file
-(``path``; in YAML, an anchor on ``data.root`` avoids writing it twice).
+(FedCOG: 200 clients, 10 per round). The loader tells each training image's user
+(:class:`~fl_lightning.data.datasets.DatasetSplits` ``train_users``); configs that give the partitioner
+the file itself (``NaturalUsers(path)``, the same as ``data.root``) read the users' image counts from it.
+:class:`~fl_lightning.data.partition.NaturalUsers` is defined in ``partition.py`` and re-exported here.
 
 ``h5py`` is an optional dependency (``pip install fl_lightning[flair]``).
 """
@@ -47,7 +49,7 @@ import torch.nn.functional as F
 from lightning_utilities.core.imports import RequirementCache
 
 from fl_lightning.data.datasets import DatasetSplits, _channel_stats_uint8, _normalise, register_dataset
-from fl_lightning.data.partition import Partitioner, dirichlet_partition, iid_partition
+from fl_lightning.data.partition import NaturalUsers, dirichlet_partition, iid_partition
 from fl_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -272,46 +274,9 @@ def load_flair(root: Path, download: bool) -> DatasetSplits:
         train_y=torch.from_numpy(train.labels.astype(np.int64)),
         test_x=_to_normalised(test.images, mean, std),
         test_y=torch.from_numpy(test.labels.astype(np.int64)),
+        users=train.users,
+        train_users=train.owner,  # the test users are other people: no per-user test data
     )
-
-
-# --------------------------------------------------------------------------------------- partition
-class NaturalUsers(Partitioner):
-    """One client per FLAIR user (the natural partition), read from the file the data comes from.
-
-    The training samples of the ``flair`` dataset are ordered by user (sorted ids), so a user's samples
-    form one consecutive block whose length is the user's image count in ``path``. With more users in
-    the file than ``data.num_clients``, ``num_clients`` users are drawn without replacement (with the
-    partition's RNG, i.e. ``data.seed``) and the other users' samples are left out; clients are then
-    numbered in user-id order.
-
-    Args:
-        path: The FLAIR HDF5 file (or its folder), the same as ``data.root``.
-    """
-
-    name = "natural_users"
-
-    def __init__(self, path: str) -> None:
-        self.path = str(path)
-
-    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        sizes = [n for _, n in user_sizes(flair_file(self.path), "train", "data.partition.path")]
-        if sum(sizes) != len(labels):
-            raise ConfigError(
-                f"data.partition.path='{self.path}' has {sum(sizes)} training images but the dataset has "
-                f"{len(labels)}; set it to the same file as data.root"
-            )
-        if num_clients > len(sizes):
-            raise ConfigError(
-                f"data.num_clients={num_clients} exceeds the {len(sizes)} users of '{self.path}'; use at "
-                f"most {len(sizes)} (one client per user)"
-            )
-        starts = np.concatenate(([0], np.cumsum(sizes)))
-        if num_clients == len(sizes):
-            chosen = np.arange(len(sizes))
-        else:
-            chosen = np.sort(rng.choice(len(sizes), size=num_clients, replace=False))
-        return [np.arange(starts[u], starts[u + 1], dtype=np.int64) for u in chosen]
 
 
 # ------------------------------------------------------------------------------------------ writing

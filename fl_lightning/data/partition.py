@@ -5,7 +5,7 @@ The math lives in plain functions that take the labels, the number of clients ``
 sorted ``int64`` index array per client. The :class:`Partitioner` classes are thin, configurable
 wrappers around them (``data.partition`` in the YAML config) with a name registry.
 
-Two families are provided:
+Three families are provided:
 
 * **Without replacement** (:func:`iid_partition`, :func:`dirichlet_partition`,
   :func:`pathological_partition`): every training sample goes to at most one client.
@@ -13,6 +13,10 @@ Two families are provided:
   sampler used by the FedSMOO paper. Clients have equal sizes, a sample may be held by several
   clients (and, after a class pool is refilled, twice by the same client), and the per-class totals
   over the federation are unequal.
+* **Natural** (:class:`NaturalUsers`): one client per user of a dataset that has users.
+
+:func:`quantity_skew_partition` (IID labels, unequal sizes) and :func:`mixed_partition` (label and quantity
+skew) are NIID-Bench's quantity and mixed skews (without replacement).
 """
 
 from __future__ import annotations
@@ -30,18 +34,25 @@ __all__ = [
     "PARTITIONERS",
     "Dirichlet",
     "DirichletWithReplacement",
+    "MixedSkew",
+    "NaturalUsers",
     "Partitioner",
     "Pathological",
     "PathologicalWithReplacement",
+    "QuantitySkew",
     "check_num_clients",
     "dirichlet_partition",
     "dirichlet_with_replacement",
     "get_partitioner",
     "iid_partition",
     "list_partitioners",
+    "mixed_class_assignment",
+    "mixed_partition",
+    "natural_user_partition",
     "partition_counts",
     "pathological_partition",
     "pathological_with_replacement",
+    "quantity_skew_partition",
     "refill_partition",
 ]
 
@@ -436,6 +447,221 @@ def pathological_with_replacement(
     return refill_partition(y, num_clients, prior, rng)
 
 
+# ------------------------------------------------------------------------------------ quantity skew
+def _check_positive_min_size(min_size: int) -> int:
+    if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 1:
+        raise ConfigError(
+            f"data.partition.min_size={min_size!r} must be an integer >= 1 (a client without samples cannot "
+            "train); use e.g. 10"
+        )
+    return int(min_size)
+
+
+def _cuts(proportions: np.ndarray, n: int) -> np.ndarray:
+    """Cut points of ``n`` items in the shares ``proportions``: ``floor(cumsum(p) * n)``, last one ``n``."""
+    edges = np.concatenate(([0], (np.cumsum(proportions) * n).astype(np.int64)))
+    edges[-1] = n
+    return np.maximum.accumulate(edges)
+
+
+def quantity_skew_partition(
+    num_samples: int,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """Quantity skew with IID labels: Dirichlet client sizes (NIID-Bench's ``iid-diff-quantity``).
+
+    Shuffle the indices; draw the clients' shares ``q ~ Dir(alpha * 1_m)`` until every client's size
+    ``floor(cumsum(q) * N)`` differences is at least ``min_size``; cut the shuffled indices there. Labels
+    stay IID (every client's samples are a uniform draw); only the amounts differ. NIID-Bench redraws
+    until ``min(q) * N >= 10``, which can still leave a client 9 samples after the flooring; here the
+    integer sizes are checked, so every client holds at least ``min_size``.
+
+    Reference: Q. Li, Y. Diao, Q. Chen, B. He, "Federated Learning on Non-IID Data Silos: An Experimental
+    Study", ICDE 2022, Sec. III-C (quantity skew); ``utils.partition_data`` of Xtra-Computing/NIID-Bench.
+
+    Args:
+        num_samples: Size ``N`` of the training set.
+        num_clients: Number of clients ``m``.
+        alpha: Dirichlet concentration, > 0 (small: very unequal sizes).
+        rng: Source of randomness.
+        min_size: Minimum samples per client, >= 1.
+        max_tries: Redraws before giving up.
+
+    Returns:
+        ``m`` sorted int64 index arrays covering every index exactly once.
+
+    Raises:
+        ConfigError: For a bad ``alpha``/``min_size``, ``min_size * m > N``, or no draw within ``max_tries``.
+    """
+    check_num_clients(num_samples, num_clients)
+    alpha = _check_alpha(alpha)
+    min_size = _check_positive_min_size(min_size)
+    if min_size * num_clients > num_samples:
+        raise ConfigError(
+            f"data.partition.min_size={min_size} is impossible: {num_clients} clients x {min_size} > the "
+            f"{num_samples} training samples; use data.partition.min_size <= {num_samples // num_clients}"
+        )
+    perm = rng.permutation(num_samples)
+    for _ in range(max_tries):
+        edges = _cuts(_dirichlet_rows(rng, np.full(num_clients, alpha), 1)[0], num_samples)
+        if np.diff(edges).min() >= min_size:
+            return _sorted_parts([perm[edges[i] : edges[i + 1]] for i in range(num_clients)])
+    raise ConfigError(
+        f"data.partition.min_size={min_size} was not met by any of {max_tries} Dirichlet draws "
+        f"(alpha={alpha}, "
+        f"{num_clients} clients, {num_samples} samples); lower it, raise data.partition.alpha or use fewer "
+        "data.num_clients"
+    )
+
+
+def mixed_class_assignment(
+    num_clients: int,
+    classes: np.ndarray,
+    classes_per_client: int,
+    rng: np.random.Generator,
+    max_tries: int = 100,
+) -> list[list[int]]:
+    """The classes of each client in NIID-Bench's ``mixed`` split.
+
+    Client ``i`` holds class ``classes[i mod C]`` and ``c - 1`` more, each drawn uniformly among the classes
+    it does not hold yet that have fewer than ``ceil(m * c / C)`` holders (the first classes counted in
+    advance), so the holders are as balanced as possible: NIID-Bench's 10 parties x 10 classes x 2 give
+    every class exactly two holders. A draw that runs into a dead end (a client left with no class under
+    the cap, where NIID-Bench's rejection loop would never end) is redrawn; after ``max_tries`` the
+    least-held classes are allowed past the cap.
+    """
+    num_classes = len(classes)
+    c = _check_classes_per_client(classes_per_client, num_classes)
+    cap = math.ceil(num_clients * c / num_classes)
+    for attempt in range(max_tries + 1):
+        holders = np.bincount(np.arange(num_clients) % num_classes, minlength=num_classes)
+        assignment, stuck = [], False
+        for i in range(num_clients):
+            mine = [i % num_classes]
+            while len(mine) < c:
+                free = np.array([k for k in range(num_classes) if k not in mine])
+                eligible = free[holders[free] < cap]
+                if not len(eligible):
+                    stuck = True
+                    eligible = free[holders[free] == holders[free].min()]
+                k = int(rng.choice(eligible))
+                mine.append(k)
+                holders[k] += 1
+            assignment.append(mine)
+        if not stuck or attempt == max_tries:
+            break
+    return [[int(classes[k]) for k in mine] for mine in assignment]
+
+
+def mixed_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    classes_per_client: int = 2,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """Label skew plus quantity skew (NIID-Bench's ``mixed``).
+
+    Each client holds ``c`` classes (:func:`mixed_class_assignment`: client ``i`` has class ``i mod C`` and
+    ``c - 1`` balanced random ones); each class's shuffled samples are split among its ``h`` holders in
+    shares ``Dir(alpha * 1_h)`` (NIID-Bench: ``Dir(beta, 2)`` between the two holders of each class), so
+    clients differ both in which labels they hold and in how many samples. The shares are redrawn until
+    every client holds at least ``min_size`` samples (NIID-Bench does not check; a client can end up
+    nearly empty there).
+
+    Reference: Li et al., ICDE 2022, Sec. III-D (mixed skew); ``utils.partition_data`` of
+    Xtra-Computing/NIID-Bench (``partition == "mixed"``).
+
+    Args:
+        labels: 1-D int class labels of the training set.
+        num_clients: Number of clients ``m``.
+        alpha: Dirichlet concentration of each class's split among its holders, > 0.
+        rng: Source of randomness.
+        classes_per_client: Classes per client ``c``.
+        min_size: Minimum samples per client, >= 1.
+        max_tries: Redraws of the shares before giving up.
+
+    Returns:
+        ``m`` sorted int64 index arrays; every sample of a held class is assigned once.
+    """
+    y = _as_labels(labels)
+    check_num_clients(len(y), num_clients)
+    alpha = _check_alpha(alpha)
+    min_size = _check_positive_min_size(min_size)
+    per_class = _class_indices(y)
+    present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
+    assignment = mixed_class_assignment(num_clients, present, classes_per_client, rng)
+    owners: dict[int, list[int]] = {int(k): [] for k in present}
+    for i, ks in enumerate(assignment):
+        for k in ks:
+            owners[k].append(i)
+    shuffled = {k: rng.permutation(per_class[k]) for k in owners}
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for k, who in owners.items():
+            if not who:
+                continue
+            edges = _cuts(_dirichlet_rows(rng, np.full(len(who), alpha), 1)[0], len(shuffled[k]))
+            for j, i in enumerate(who):
+                parts[i].append(shuffled[k][edges[j] : edges[j + 1]])
+        sizes = [sum(len(p) for p in ps) for ps in parts]
+        if min(sizes) >= min_size:
+            return _sorted_parts([np.concatenate(ps) for ps in parts])
+    raise ConfigError(
+        f"data.partition.min_size={min_size} was not met by any of {max_tries} draws (alpha={alpha}, "
+        f"{num_clients} clients, {classes_per_client} classes each); lower it, raise data.partition.alpha "
+        "or use fewer data.num_clients"
+    )
+
+
+def natural_user_partition(
+    owners: np.ndarray, num_users: int, num_clients: int, rng: np.random.Generator, dataset: str = ""
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """One client per user: the positions of each chosen user's samples in ``owners``.
+
+    Users without samples (e.g. all held out for validation) are left out. With fewer clients than users,
+    ``num_clients`` users are drawn without replacement; clients are numbered in user order.
+
+    Args:
+        owners: ``[N]`` index of each sample's user, in ``0..num_users-1``.
+        num_users: Number of users of the dataset.
+        num_clients: Number of clients ``m`` (``data.num_clients``).
+        rng: Source of randomness (which users, when ``m`` is below the number of users).
+        dataset: The dataset's name, for the error message.
+
+    Returns:
+        ``(parts, users)``: ``m`` sorted int64 index arrays into ``owners`` and the chosen users' indices.
+
+    Raises:
+        ConfigError: If ``m`` exceeds the number of users with samples (the message says what to set).
+    """
+    owners = np.asarray(owners, dtype=np.int64)
+    counts = np.bincount(owners, minlength=num_users)
+    available = np.flatnonzero(counts)
+    if num_clients > len(available):
+        of = f" of {dataset!r}" if dataset else ""
+        raise ConfigError(
+            f"data.num_clients={num_clients} disagrees with the {len(available)} users{of}: NaturalUsers "
+            "makes "
+            f"one client per user; set data.num_clients={len(available)} (or leave it unset), or fewer for a "
+            "random sample of users"
+        )
+    if num_clients == len(available):
+        chosen = available
+    else:
+        chosen = np.sort(rng.choice(available, size=num_clients, replace=False))
+    order = np.argsort(owners, kind="stable")
+    bounds = np.searchsorted(owners[order], np.arange(num_users + 1))
+    parts = [np.sort(order[bounds[u] : bounds[u + 1]]).astype(np.int64) for u in chosen]
+    return parts, chosen
+
+
 def partition_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """Per-client class counts.
 
@@ -576,10 +802,113 @@ class PathologicalWithReplacement(Partitioner):
         return pathological_with_replacement(labels, num_clients, self.classes_per_client, rng)
 
 
+class QuantitySkew(Partitioner):
+    """IID labels, Dirichlet client sizes (NIID-Bench's ``iid-diff-quantity``).
+
+    See :func:`quantity_skew_partition`.
+
+    Args:
+        alpha: Dirichlet concentration of the clients' shares (> 0); e.g. 0.5 as in NIID-Bench, smaller
+            for more unequal sizes.
+        min_size: Every client holds at least this many samples (NIID-Bench: 10).
+    """
+
+    name = "quantity_skew"
+
+    def __init__(self, alpha: float = 0.5, min_size: int = 10) -> None:
+        self.alpha = _check_alpha(alpha)
+        self.min_size = _check_positive_min_size(min_size)
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return quantity_skew_partition(len(labels), num_clients, self.alpha, rng, min_size=self.min_size)
+
+
+class MixedSkew(Partitioner):
+    """Label and quantity skew together (NIID-Bench's ``mixed``; :func:`mixed_partition`).
+
+    Args:
+        alpha: Dirichlet concentration of each class's split among the clients holding it (> 0).
+        classes_per_client: Classes each client holds (NIID-Bench: 2).
+        min_size: Every client holds at least this many samples.
+    """
+
+    name = "mixed_skew"
+
+    def __init__(self, alpha: float = 0.5, classes_per_client: int = 2, min_size: int = 10) -> None:
+        self.alpha = _check_alpha(alpha)
+        self.classes_per_client = _check_classes_per_client(classes_per_client)
+        self.min_size = _check_positive_min_size(min_size)
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return mixed_partition(
+            labels, num_clients, self.alpha, rng, self.classes_per_client, min_size=self.min_size
+        )
+
+
+class NaturalUsers(Partitioner):
+    """One client per user of a dataset that brings its own users (the natural partition).
+
+    ``shakespeare`` (a play's speaking role), ``leaf`` (LEAF's users), ``fedprox_synthetic`` (a device) and
+    ``flair`` (a Flickr user) tell each training sample's user; the data module gives client ``k`` the
+    samples of the ``k``-th chosen user (:func:`natural_user_partition`) and, where the users have their
+    own test data (LEAF's per-user split), that user's test samples as the client's local test split.
+    ``data.num_clients`` unset means one client per user; fewer draws a seeded sample of users; more is
+    an error saying how many there are. A dataset without users is a one-line error.
+
+    Args:
+        path: Only for FLAIR configs that name the file: the FLAIR HDF5 file (or its folder), the same as
+            ``data.root``; the users' image counts are read from it (the training samples are ordered by
+            user). None (default): the dataset's own users.
+    """
+
+    name = "natural_users"
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = None if path is None else str(path)
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """The FLAIR file's users as consecutive blocks of the training samples (``path`` mode)."""
+        if self.path is None:
+            raise ConfigError(
+                "data.partition=NaturalUsers splits by the dataset's users, which the data module passes "
+                "to split_users; as a plain partition function it needs data.partition.path (a FLAIR file)"
+            )
+        from fl_lightning.data.flair import flair_file, user_sizes
+
+        sizes = [n for _, n in user_sizes(flair_file(self.path), "train", "data.partition.path")]
+        if sum(sizes) != len(labels):
+            raise ConfigError(
+                f"data.partition.path='{self.path}' has {sum(sizes)} training images but the dataset has "
+                f"{len(labels)}; set it to the same file as data.root"
+            )
+        owners = np.repeat(np.arange(len(sizes)), sizes)
+        if num_clients > len(sizes):
+            raise ConfigError(
+                f"data.num_clients={num_clients} exceeds the {len(sizes)} users of '{self.path}'; use at "
+                f"most {len(sizes)} (one client per user)"
+            )
+        return natural_user_partition(owners, len(sizes), num_clients, rng)[0]
+
+    def split_users(
+        self, owners: np.ndarray, num_users: int, num_clients: int, rng: np.random.Generator, dataset: str
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """The clients of the users ``owners`` names (see :func:`natural_user_partition`)."""
+        return natural_user_partition(owners, num_users, num_clients, rng, dataset)
+
+
 # ----------------------------------------------------------------------------------------- registry
 PARTITIONERS: dict[str, type[Partitioner]] = {
     cls.name: cls
-    for cls in (IID, Dirichlet, Pathological, DirichletWithReplacement, PathologicalWithReplacement)
+    for cls in (
+        IID,
+        Dirichlet,
+        Pathological,
+        DirichletWithReplacement,
+        PathologicalWithReplacement,
+        QuantitySkew,
+        MixedSkew,
+        NaturalUsers,
+    )
 }
 
 

@@ -52,7 +52,7 @@ from torch.nn.utils.rnn import pad_sequence
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientContext, ClientResult
-from fl_lightning.data.federated import ClientData
+from fl_lightning.data.federated import ClientData, take_stacked
 from fl_lightning.engine.local import (
     LocalConfig,
     _dropping,
@@ -340,7 +340,7 @@ def train_stacked(
             idx = [next(s) if step < n else none for s, n in zip(streams, steps)]
             counts = [int(i.numel()) for i in idx]
             counts_by_step.append(counts)
-            batch = _stacked_batch(idx, counts, x_all, y_all, precision, width)
+            batch = _stacked_batch(idx, counts, x_all, y_all, precision, width, (datas, generators))
 
             def closure(batch: Any = batch, step: int = step) -> Tensor:
                 optimizer.zero_grad(set_to_none=True)
@@ -363,7 +363,13 @@ def train_stacked(
 
 
 def _stacked_batch(
-    idx: list[Tensor], counts: list[int], x_all: Tensor, y_all: Tensor, precision: Any, width: int = 0
+    idx: list[Tensor],
+    counts: list[int],
+    x_all: Tensor,
+    y_all: Tensor,
+    precision: Any,
+    width: int = 0,
+    clients: tuple[list[ClientData], list[torch.Generator]] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(x, y, weight, count)``: the clients' batches gathered with one indexing, padded to the longest
     or to ``width`` samples if more."""
@@ -372,7 +378,7 @@ def _stacked_batch(
         padded = F.pad(padded, (0, width - padded.shape[1]))
     count = torch.tensor(counts, dtype=torch.float32).to(padded.device, non_blocking=True)
     weight = (torch.arange(padded.shape[1], device=padded.device) < count[:, None]).float()
-    x, y = x_all[padded], y_all[padded]
+    x, y = take_stacked(*clients, padded, counts) if clients else (x_all[padded], y_all[padded])
     if precision is not None:
         x, y = precision.convert_input((x, y))
     return x, y, weight, count.clamp(min=1)

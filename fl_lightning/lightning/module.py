@@ -33,6 +33,7 @@ from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import to_device
 from fl_lightning.lightning.checkpoint import attached_trainer, check_resume, hyperparameters
 from fl_lightning.lightning.loggers import RoundStepLogger
+from fl_lightning.models.sizing import size_to_data
 from fl_lightning.strategies.fedavg import FedAvg
 
 log = logging.getLogger("fl_lightning")
@@ -180,6 +181,8 @@ class FederatedModule(LightningModule):
         self._checkpoint_rounds = 0
         self._executor: Executor | None = None
         self.global_metrics: TaskMetrics | None = None
+        #: Per-group global metrics (``global/group<g>/*``) under a client transform's per-group evaluation.
+        self.group_metrics: dict[int, TaskMetrics] = {}
 
     # ------------------------------------------------------------------------------ wiring
     @property
@@ -236,8 +239,11 @@ class FederatedModule(LightningModule):
         self.engine.model, self.engine.strategy = self.client, self.strategy  # as set on the module now
         self.engine.setup(dm.clients, dm.task, dm.num_classes, self.trainer.precision_plugin, self._executor)
         self.global_metrics = Task(dm.task).metrics(dm.num_classes)
+        self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
 
     def _check_model(self, dm: FederatedDataModule) -> None:
+        # nets that leave sizes unset (CharLSTM, LogisticRegression) take them from the data first
+        size_to_data(self.client, dm.splits.input_shape, dm.num_classes, dm.splits.vocab_size)
         synthetic = is_synthetic(dm.dataset)  # generated data: the fix is on the data side
         if self.client.task != dm.task:
             fix = (
@@ -259,6 +265,10 @@ class FederatedModule(LightningModule):
             fix = (
                 "set data.synthetic.shape (or data.dataset=synthetic:<the config's dataset>)"
                 if synthetic
+                else "use --model.client.net=CharLSTM or LogisticRegression for token ids"
+                if not x.is_floating_point()
+                else "use --model.client.net=LogisticRegression (or MLP) for vectors"
+                if x.dim() == 2
                 else "set its in_channels/input size to match"
             )
             raise ConfigError(
@@ -369,16 +379,23 @@ class FederatedModule(LightningModule):
     # ------------------------------------------------------------------------------ evaluation
     def on_validation_epoch_start(self) -> None:
         self.global_metrics.reset()
+        for m in self.group_metrics.values():
+            m.reset()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = to_device(batch, self.device)
-        self.global_metrics.update(self.client(x).float(), y)
+        """Update the global metrics; a batch ``(x, y, g)`` of group ``g`` (a per-group client transform's
+        evaluation) updates group ``g``'s too."""
+        x, y, *group = to_device(batch, self.device)
+        outputs = self.client(x).float()
+        self.global_metrics.update(outputs, y)
+        if group:
+            self.group_metrics[int(group[0])].update(outputs, y)
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("global")
 
     def on_test_epoch_start(self) -> None:
-        self.global_metrics.reset()
+        self.on_validation_epoch_start()
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
@@ -398,6 +415,13 @@ class FederatedModule(LightningModule):
 
     def _log_eval(self, prefix: str) -> None:
         values = {f"{prefix}/{k}": v for k, v in gather_metrics(self.global_metrics).compute().items()}
+        groups = {
+            f"{prefix}/group{g}/{k}": v
+            for g, metrics in self.group_metrics.items()
+            for k, v in gather_metrics(metrics).compute().items()
+        }
+        if groups:  # per group: in the logs, not on the progress bar
+            self.log_dict(groups, batch_size=1)
         if values:
             self.log_dict(values, prog_bar=prefix == "global", batch_size=1)
             if self.trainer.state.fn == TrainerFn.FITTING:
@@ -460,6 +484,8 @@ class FederatedModule(LightningModule):
                     "partition/clients_x_classes", partition_heatmap(dm.counts), 0, dataformats="HWC"
                 )
                 logger.experiment.add_text("partition/counts", counts_markdown(dm.counts), 0)
+                if dm.client_transform is not None:
+                    logger.experiment.add_text("partition/client_transform", dm.client_transform.card(), 0)
 
     # ------------------------------------------------------------------------------ checkpoint
     def fingerprint(self) -> dict[str, Any]:

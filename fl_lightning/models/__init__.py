@@ -15,9 +15,12 @@ from fl_lightning.models.decomposed import Decomposed
 from fl_lightning.models.fedpara import FedPara
 from fl_lightning.models.flair_resnet import TorchvisionResNet18
 from fl_lightning.models.lenet import LeNet
+from fl_lightning.models.linear import LogisticRegression
+from fl_lightning.models.lstm import CharLSTM
 from fl_lightning.models.moon_cnn import MoonCNN, MoonCNN100
 from fl_lightning.models.registry import MODELS, create_model, list_models, register_model
 from fl_lightning.models.resnet import ResNet18GN
+from fl_lightning.models.sizing import FollowsData, size_to_data
 from fl_lightning.models.tdpfed_nets import DNN, VGG8
 
 __all__ = [
@@ -26,9 +29,12 @@ __all__ = [
     "MODELS",
     "VGG8",
     "AlexNetCNN",
+    "CharLSTM",
     "Decomposed",
     "FedPara",
+    "FollowsData",
     "LeNet",
+    "LogisticRegression",
     "MoonCNN",
     "MoonCNN100",
     "ResNet18GN",
@@ -38,4 +44,5 @@ __all__ = [
     "create_model",
     "list_models",
     "register_model",
+    "size_to_data",
 ]

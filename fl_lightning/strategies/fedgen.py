@@ -143,7 +143,7 @@ class FedGen(Strategy):
         data = ctx.data
         if data is None:
             raise ValueError("FedGen needs the client's data in ctx.data (set by the round loop)")
-        counts = label_counts(data.y[data.train_idx.to(data.y.device)], self.num_classes)
+        counts = label_counts(data.train_labels(), self.num_classes)
         device = next(module.parameters()).device
         return {**payload, GROUP: {"counts": counts.to(device=device, dtype=torch.float32)}}
 

@@ -188,8 +188,9 @@ class FedPAC(FedRep):
         with torch.no_grad(), frozen(module):
             for start in range(0, data.num_samples, 512):
                 idx = data.train_idx[start : start + 512].to(data.x.device)
-                z, _ = features_of(module, data.x[idx], layer=layer)
-                stats = class_statistics(z.float(), data.y[idx].to(z.device), classes)
+                x, y = data.take(idx)
+                z, _ = features_of(module, x, layer=layer)
+                stats = class_statistics(z.float(), y.to(z.device), classes)
                 total = list(stats) if total is None else [a + b for a, b in zip(total, stats)]
         assert total is not None
         return total[0], total[1], total[2]

@@ -10,18 +10,25 @@ from fl_lightning.data.partition import (
     PARTITIONERS,
     Dirichlet,
     DirichletWithReplacement,
+    MixedSkew,
+    NaturalUsers,
     Partitioner,
     Pathological,
     PathologicalWithReplacement,
+    QuantitySkew,
     check_num_clients,
     dirichlet_partition,
     dirichlet_with_replacement,
     get_partitioner,
     iid_partition,
     list_partitioners,
+    mixed_class_assignment,
+    mixed_partition,
+    natural_user_partition,
     partition_counts,
     pathological_partition,
     pathological_with_replacement,
+    quantity_skew_partition,
     refill_partition,
 )
 from fl_lightning.errors import ConfigError
@@ -348,7 +355,16 @@ def test_partitioners_reject_more_clients_than_samples(name):
 
 def test_registry_and_get_partitioner():
     assert list_partitioners() == sorted(
-        ["iid", "dirichlet", "pathological", "dirichlet_with_replacement", "pathological_with_replacement"]
+        [
+            "iid",
+            "dirichlet",
+            "pathological",
+            "dirichlet_with_replacement",
+            "pathological_with_replacement",
+            "quantity_skew",
+            "mixed_skew",
+            "natural_users",
+        ]
     )
     for name, cls in PARTITIONERS.items():
         assert issubclass(cls, Partitioner) and cls.name == name
@@ -363,3 +379,101 @@ def test_unknown_partitioner_name_lists_choices():
         get_partitioner("shards")
     with pytest.raises(ConfigError, match=r"data\.partition"):
         get_partitioner("dirichlet", beta=1.0)
+
+
+# ------------------------------------------------------------------------------------ quantity skew
+def test_quantity_skew_covers_once_with_iid_labels_and_at_least_min_size():
+    y = balanced_labels(10, 600)
+    parts = quantity_skew_partition(len(y), 10, 0.5, np.random.default_rng(0), min_size=10)
+    assert_well_formed(parts, 10, len(y))
+    assert_exact_cover(parts, len(y))
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.min() >= 10 and sizes.max() > 3 * sizes.min()  # Dir(0.5): very unequal amounts
+    counts = partition_counts(y, parts, 10)
+    big = int(np.argmax(sizes))  # labels stay IID: the largest client's class shares are near 1/10
+    assert np.abs(counts[big] / sizes[big] - 0.1).max() < 0.05
+
+
+def test_quantity_skew_sizes_are_dirichlet_shares():
+    """The mean share of a client over many draws is 1/m; a larger alpha gives more equal sizes."""
+    n, m = 10_000, 5
+    shares = {a: [] for a in (0.5, 50.0)}
+    for seed in range(200):
+        for a in shares:
+            parts = quantity_skew_partition(n, m, a, np.random.default_rng(seed), min_size=1)
+            shares[a].append([len(p) / n for p in parts])
+    mean = np.mean(shares[0.5], axis=0)
+    assert np.allclose(mean, 1 / m, atol=0.04)  # about 4 standard errors
+    # Var of a Dir(alpha * 1_m) share: (1/m)(1 - 1/m) / (m alpha + 1)
+    for a, s in shares.items():
+        expected = (1 / m) * (1 - 1 / m) / (m * a + 1)
+        assert np.var(np.asarray(s)[:, 0]) == pytest.approx(expected, rel=0.35)
+
+
+def test_quantity_skew_is_seeded_and_checks_its_arguments():
+    a = quantity_skew_partition(500, 5, 0.3, np.random.default_rng(4))
+    b = QuantitySkew(alpha=0.3)(np.zeros(500), 5, np.random.default_rng(4))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ConfigError, match=r"^data\.partition\.min_size=0 must be an integer >= 1"):
+        QuantitySkew(min_size=0)
+    with pytest.raises(ConfigError, match=r"data\.partition\.min_size=10 is impossible"):
+        quantity_skew_partition(50, 6, 0.5, np.random.default_rng(0))
+    with pytest.raises(ConfigError, match=r"data\.partition\.alpha"):
+        QuantitySkew(alpha=0)
+
+
+# --------------------------------------------------------------------------------------------- mixed
+def test_mixed_assignment_as_niid_bench_ten_parties_ten_classes():
+    classes = np.arange(10)
+    for seed in range(5):
+        held = mixed_class_assignment(10, classes, 2, np.random.default_rng(seed))
+        assert [h[0] for h in held] == list(range(10))  # party i holds class i first
+        assert all(len(set(h)) == 2 for h in held)
+        holders = np.bincount([k for h in held for k in h], minlength=10)
+        assert holders.tolist() == [2] * 10  # every class has exactly two holders
+
+
+def test_mixed_partition_label_and_quantity_skew():
+    y = balanced_labels(10, 300)
+    parts = mixed_partition(y, 10, 0.5, np.random.default_rng(1), classes_per_client=2, min_size=10)
+    assert_well_formed(parts, 10, len(y))
+    assert_exact_cover(parts, len(y))  # every class is held, every sample assigned once
+    counts = partition_counts(y, parts, 10)
+    assert ((counts > 0).sum(axis=1) <= 2).all()
+    assert all(counts[i, i] >= 0 for i in range(10)) and min(len(p) for p in parts) >= 10
+    sizes = [len(p) for p in parts]
+    assert max(sizes) > 1.5 * min(sizes)
+    again = MixedSkew(alpha=0.5)(y, 10, np.random.default_rng(1))
+    assert all(np.array_equal(x, z) for x, z in zip(parts, again))
+
+
+def test_mixed_partition_with_more_clients_than_classes():
+    y = balanced_labels(4, 200)
+    parts = mixed_partition(y, 10, 1.0, np.random.default_rng(0), classes_per_client=2, min_size=5)
+    counts = partition_counts(y, parts, 4)
+    assert ((counts > 0).sum(axis=1) <= 2).all() and min(len(p) for p in parts) >= 5
+    with pytest.raises(ConfigError, match="classes_per_client"):
+        MixedSkew(classes_per_client=0)
+
+
+# ------------------------------------------------------------------------------------ natural users
+def test_natural_users_one_client_per_user_or_a_seeded_sample():
+    owners = np.array([2, 0, 0, 1, 2, 2, 1])
+    parts, users = natural_user_partition(owners, 3, 3, np.random.default_rng(0))
+    assert users.tolist() == [0, 1, 2] and [p.tolist() for p in parts] == [[1, 2], [3, 6], [0, 4, 5]]
+    two, chosen = NaturalUsers().split_users(owners, 3, 2, np.random.default_rng(0), "x")
+    assert len(two) == 2 and all(owners[p].tolist() == [u] * len(p) for p, u in zip(two, chosen))
+    with pytest.raises(
+        ConfigError,
+        match=r"^data\.num_clients=4 disagrees with the 3 users of 'x'.*"
+        r"set data\.num_clients=3",
+    ):
+        natural_user_partition(owners, 3, 4, np.random.default_rng(0), "x")
+    # a user without samples (all held out for validation) is not a client
+    parts, users = natural_user_partition(np.array([0, 0, 2]), 3, 2, np.random.default_rng(0))
+    assert users.tolist() == [0, 2]
+
+
+def test_natural_users_without_a_file_is_not_a_plain_partition():
+    with pytest.raises(ConfigError, match="NaturalUsers"):
+        NaturalUsers()(np.zeros(4), 2, np.random.default_rng(0))

@@ -164,7 +164,7 @@ class FedCOG(StrategyWrapper):
         first = data.x[data.train_idx[:1].to(data.x.device)].to(param.device, param.dtype)
         with torch.no_grad(), frozen(module):
             num_classes = int(module(first).shape[-1])
-        counts = label_counts(data.y[data.train_idx.to(data.y.device)], num_classes)
+        counts = label_counts(data.train_labels(), num_classes)
         w_c, w_kd = kd_weights(counts, self.kd_weighting, self.lambda_kd)
         if w_kd == 0:
             return
