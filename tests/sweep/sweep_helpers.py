@@ -1,4 +1,6 @@
-"""What the sweep tests share: a stand-in for ``fit``, crafted run folders, sweep files, tables."""
+"""What the sweep tests share: a stand-in for ``fit``, crafted run folders, sweep files, tables, and the
+fixtures (each test module loads them with ``pytest_plugins``: a ``conftest.py`` here would shadow the
+suite's own, which other test modules import as ``conftest``)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from fl_lightning.sweep import (
-    Expected,
-    config_digest,
-    runner,
-)
+from fl_lightning.sweep import Expected, command, config_digest, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,3 +182,26 @@ def sweep_cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=900,
     )
+
+
+@pytest.fixture
+def in_tmp_with_fake_resolver(tmp_path, monkeypatch):
+    """Every test starts in ``tmp_path`` (a sweep's default ``out`` is under the current folder), and
+    the sweep resolves run arguments with :func:`fake_config` (tests of the real parser restore it)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "resolver", lambda root: lambda args, check: fake_config(args))
+
+
+@pytest.fixture
+def fake_fit(tmp_path, monkeypatch):
+    """Every process the sweep launches runs :data:`FAKE_FIT` with the sweep's ``fit`` arguments."""
+    script = tmp_path / "fake_fit.py"
+    script.write_text(FAKE_FIT)
+    real = subprocess.Popen
+
+    def popen(cmd, **kw):
+        assert cmd[1:4] == ["-m", "fl_lightning", "fit"]
+        return real([sys.executable, str(script), *cmd[4:]], **kw)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    monkeypatch.setattr(command, "machine_cores", lambda: 4)

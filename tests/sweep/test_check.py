@@ -17,6 +17,9 @@ from fl_lightning.sweep import (
     run_sweep,
 )
 
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
+
 
 def test_check_reruns_the_rows_and_compares_them_with_the_stored_table(
     tmp_path, fake_fit, capsys, monkeypatch

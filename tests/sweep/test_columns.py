@@ -7,6 +7,9 @@ from sweep_helpers import craft_run, summary
 
 from fl_lightning.sweep import COLUMNS, RunData
 
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
+
 
 def test_the_target_is_reached_at_the_first_round_at_or_above_it(tmp_path):
     run = craft_run(tmp_path / "seed0", summary(0.8, 0.8), acc_curve=[0.5, 0.75, 0.8])

@@ -12,6 +12,9 @@ from fl_lightning.sweep import (
     main,
 )
 
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
+
 
 @pytest.mark.parametrize(
     ("text", "args", "message"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from sweep_helpers import (
     checkpoint,
     craft_run,
@@ -16,6 +17,9 @@ from fl_lightning.sweep import (
     config_digest,
     inspect_run,
 )
+
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
 
 
 def test_a_run_is_finished_only_when_it_is_the_run_the_sweep_would_start_now(tmp_path):

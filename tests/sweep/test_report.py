@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from sweep_helpers import (
+from sweep_helpers import (  # noqa: F401 (fixtures: in_tmp_with_fake_resolver, fake_fit)
     craft_run,
+    fake_fit,
+    in_tmp_with_fake_resolver,
     read_csv,
     summary,
     write_sweep,
@@ -15,6 +17,9 @@ from sweep_helpers import (
 from fl_lightning.sweep import (
     run_sweep,
 )
+
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
 
 
 def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path, capsys):

@@ -35,6 +35,9 @@ from fl_lightning.sweep import (
     runs_of,
 )
 
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
+
 
 def test_runs_get_their_folders_seeds_threads_and_progress_lines_and_a_failure_does_not_stop_the_sweep(
     tmp_path, fake_fit, capsys

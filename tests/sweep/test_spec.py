@@ -23,6 +23,9 @@ from fl_lightning.sweep import (
     runs_of,
 )
 
+pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
+pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
+
 
 @pytest.mark.parametrize(
     ("content", "message"),
