@@ -14,7 +14,8 @@ A round, in order::
     sample            strategy.select_clients (seeded by (seed, round)); stop_reason(round) refuses it
     message           strategy.message(model, client, round), built when its client's work starts
     local work        the executor: train_client per client (or a vectorised group), anywhere
-    attack            model.attack replaces what a malicious client sends
+    attack            the run's simulated attack (model.attack, or the Attack plug-in) replaces what a
+                      malicious client sends
     failure policy    a client whose work raised (not a ConfigError) or uploaded non-finite values is
                       excluded and counted; with tolerate_client_failures=false the run stops;
                       max_failed_rounds consecutive rounds without any upload stop it too
@@ -45,7 +46,7 @@ from fl_lightning.api.strategy import own_local_step
 from fl_lightning.api.task import Task
 from fl_lightning.api.types import ClientResult, Payload, RoundInfo, RoundResult, RunSpec
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine.attack import SimulatedAttack
+from fl_lightning.engine.attack import SimulatedAttack, run_attack
 from fl_lightning.engine.local import LocalConfig, check_upload
 from fl_lightning.engine.state import ClientStateStore
 from fl_lightning.errors import ConfigError, RunError, check_number
@@ -106,7 +107,8 @@ class EngineConfig:
         tolerate_client_failures: Exclude (and count) a client whose local work raises or uploads
             non-finite values instead of stopping the run.
         max_failed_rounds: Consecutive rounds without any accepted upload after which the run stops.
-        attack: Simulated malicious clients (None: every client is honest).
+        attack: Simulated malicious clients, ``model.attack`` (None: every client is honest, unless an
+            ``Attack`` plug-in in the strategy declares them: :func:`~fl_lightning.engine.attack.run_attack`).
         eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.
     """
 
@@ -190,6 +192,7 @@ class Engine:
         executor: Runs the clients' local work (chosen by :meth:`setup` unless given there).
         precision: A Lightning precision plugin for the clients' steps and evaluation (None: fp32).
         num_rounds: The rounds the run will do (-1: unknown); no stop is announced for the last one.
+        attack: The run's simulated attack and where it was declared (set by :meth:`setup`; None: none).
     """
 
     model: ClientModule
@@ -207,6 +210,7 @@ class Engine:
     _worker: ClientModule | None = field(default=None, repr=False)
     _local_metrics: TaskMetrics | None = field(default=None, repr=False)
     notices: set[str] = field(default_factory=set, repr=False)
+    attack: tuple[str, SimulatedAttack] | None = None
 
     # ------------------------------------------------------------------------------------ setup
     def setup(
@@ -220,8 +224,9 @@ class Engine:
         """Bind the federation and check the configuration against it (one ``ConfigError`` line).
 
         Validates ``clients_per_round``, sets up the strategy's server state (before a checkpoint is
-        restored into it), runs :meth:`Strategy.check <fl_lightning.api.strategy.Strategy.check>` and
-        chooses the executor: ``executor`` if given, else one client at a time or vectorised groups
+        restored into it), runs :meth:`Strategy.check <fl_lightning.api.strategy.Strategy.check>`, resolves
+        the run's simulated attack (:func:`~fl_lightning.engine.attack.run_attack`) and chooses the
+        executor: ``executor`` if given, else one client at a time or vectorised groups
         (``model.vectorize``), each process its share inside a process group.
         """
         from fl_lightning.engine.executors import default_executor
@@ -241,8 +246,9 @@ class Engine:
                 "32-true"
             )
         self.strategy.check(self.model, spec)
-        if self.config.attack is not None:
-            log.info("model.attack: clients %s are malicious", sorted(self.malicious()))
+        self.attack = run_attack(self.config.attack, self.strategy)
+        if self.attack is not None:
+            log.info("%s: clients %s are malicious", self.attack[0], sorted(self.malicious()))
         self.executor = executor if executor is not None else default_executor(self)
 
     def spec(self) -> RunSpec:
@@ -307,9 +313,10 @@ class Engine:
         return checked_selection(chosen, self.num_clients)
 
     def malicious(self) -> frozenset[int]:
-        """The clients ``model.attack`` makes malicious (drawn once from the run seed)."""
-        attack = self.config.attack
-        return frozenset() if attack is None else attack.malicious(self.num_clients, self.config.seed)
+        """The clients the run's simulated attack makes malicious (drawn once from the run seed)."""
+        if self.attack is None:
+            return frozenset()
+        return self.attack[1].malicious(self.num_clients, self.config.seed)
 
     def message(self, client_id: int, round: int) -> Payload:
         """What the server sends ``client_id`` in ``round``."""
@@ -410,9 +417,9 @@ class Engine:
         """The client's result after the attack; raises what makes it a failed client."""
         if isinstance(outcome, BaseException):
             raise outcome
-        if malicious:  # what a malicious client sends instead (same size: bytes_up holds)
-            assert self.config.attack is not None
-            outcome.upload = self.config.attack.apply(outcome.upload, message)
+        if malicious:  # the one place an attack replaces an upload (same size: bytes_up holds)
+            assert self.attack is not None
+            outcome.upload = self.attack[1].apply(outcome.upload, message)
         check_upload(cid, round, outcome.upload)
         return outcome
 
