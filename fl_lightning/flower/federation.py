@@ -22,6 +22,7 @@ import torch
 from fl_lightning.api.client import ClientModule
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.data.federated import FederatedDataModule
+from fl_lightning.engine.executors import Sequential
 from fl_lightning.engine.local import cpu_threads
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import FederatedModule
@@ -123,7 +124,7 @@ def load_federation(
     module._check_model(data)  # the config errors `fit` gives for a model that does not fit the data
     local = module.engine.config.local
     local.batch_size, local.eval_batch_size = data.batch_size, data.eval_batch_size
-    module.engine.setup(data.clients, data.task, data.num_classes)
+    module.engine.setup(data.clients, data.task, data.num_classes, executor=Sequential())
     module.client.to(device)
     module.strategy.to(device)
     if device.type == "cpu":

@@ -130,7 +130,7 @@ def _assert_same(seq, vec, atol: float = ATOL) -> None:
 
 def _vectorised(module) -> bool:
     """The run trained stacked groups and never fell back."""
-    return module.engine.executor.counts["vectorised"] > 0 and not module.engine.notices
+    return module.engine.executor.counts["vectorised"] > 0 and not module.engine.executor.notices
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
