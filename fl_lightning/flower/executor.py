@@ -15,6 +15,8 @@ most one message at a time (the messages of a node's clients go out in turns).
 A client's persistent state (SCAFFOLD's ``c_i``, personal layers) stays on its node, in the node's
 ``context.state``; the node keeps the new state only when its upload passes the client-side check
 (:func:`~fl_lightning.engine.local.check_upload`), as the engine keeps it only for accepted clients.
+The node's ClientApp (:mod:`fl_lightning.flower.client_app`) runs the engine's own client path
+(:func:`~fl_lightning.engine.executors.run_client`), with the run's ``trainer.precision``.
 """
 
 from __future__ import annotations

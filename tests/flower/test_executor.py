@@ -178,6 +178,17 @@ def test_resuming_a_run_whose_nodes_kept_client_state_is_refused(tmp_path):
         )
 
 
+def test_trainer_precision_applies_on_the_nodes(tmp_path):
+    """The ClientApp runs the engine's client path with the run's trainer.precision (bf16 autocast on the
+    CPU here): the Flower run equals fit's bf16 run, which differs from the fp32 run."""
+    bf16 = ["--trainer.precision=bf16-mixed"]
+    module, _ = _run(tmp_path / "flower", bf16)
+    fit = fit_run(tmp_path / "fit", overrides=bf16)
+    assert max_diff(dict(module.client.state_dict()), dict(fit.client.state_dict())) == 0.0
+    fp32 = fit_run(tmp_path / "fp32")
+    assert max_diff(dict(fit.client.state_dict()), dict(fp32.client.state_dict())) > 0
+
+
 # ------------------------------------------------------------------------ FlowerExecutor without an Engine
 class FakeGrid:
     """A Grid whose nodes run nothing: queries get each node's partition, other messages ``reply(msg)``
