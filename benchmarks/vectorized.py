@@ -81,8 +81,9 @@ def round_times(
     timer = RoundTimer(device)
     trainer = bare_trainer(args.rounds, device, callbacks=[timer], default_root_dir=str(Path(args.root)))
     trainer.fit(module, datamodule=dm)
-    if vectorize > 1 and (module.engine.notices or not module.engine.executor.counts["vectorised"]):
-        raise RuntimeError(f"{name} did not run vectorised: {module.engine.notices}")
+    executor = module.engine.executor
+    if vectorize > 1 and (executor.notices or not executor.counts["vectorised"]):
+        raise RuntimeError(f"{name} did not run vectorised: {executor.notices}")
     peak = module.history[-1].get("peak_memory_gb", float("nan"))
     return timer.times[1:] if len(timer.times) > 1 else timer.times, peak
 

@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 from fl_lightning.api.client import ClientModule
 from fl_lightning.cli import TRAINER_DEFAULTS
 from fl_lightning.data import IID, Dirichlet, FederatedDataModule
-from fl_lightning.engine import Engine, EngineConfig, LocalConfig
+from fl_lightning.engine import Engine, EngineConfig, LocalConfig, default_executor
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
 from fl_lightning.strategies import FedAvg, Strategy
@@ -114,5 +114,5 @@ def make_engine(
     )
     local = LocalConfig(batch_size=batch_size, local_steps=local_steps, seed=seed)
     engine = Engine(client, strategy or FedAvg(), EngineConfig(local, **config))
-    engine.setup(data.clients, data.task, data.num_classes)
+    engine.setup(data.clients, data.task, data.num_classes, executor=default_executor(local))
     return engine

@@ -8,7 +8,9 @@
 - :mod:`~fl_lightning.api.strategy`: the ``Strategy`` base, ``StrategyWrapper`` and the registry;
 - :mod:`~fl_lightning.api.task`: the ``Task`` (multiclass / multilabel: loss, predictions, metrics);
 - :mod:`~fl_lightning.api.metrics`: ``TaskMetrics``, merged by state;
-- :mod:`~fl_lightning.api.client`: ``ClientModule``, the client LightningModule.
+- :mod:`~fl_lightning.api.client`: ``ClientModule``, the client LightningModule;
+- :mod:`~fl_lightning.api.attack`: ``SimulatedAttack``, malicious clients (``model.attack``, the ``Attack``
+  plug-in), applied by the engine.
 
 Nothing here imports the engine, the Lightning or Flower adapters, the strategies or the CLI.
 """
@@ -16,6 +18,7 @@ Nothing here imports the engine, the Lightning or Flower adapters, the strategie
 from __future__ import annotations
 
 from fl_lightning.api.aggregation import Aggregator, BufferedAggregator, Entry, StreamingMean
+from fl_lightning.api.attack import SimulatedAttack
 from fl_lightning.api.buffers import TensorBuffers
 from fl_lightning.api.client import ClientModule, merge_train_states
 from fl_lightning.api.metrics import TaskMetrics
@@ -54,6 +57,7 @@ __all__ = [
     "RoundInfo",
     "RoundResult",
     "RunSpec",
+    "SimulatedAttack",
     "Strategy",
     "StrategyWrapper",
     "StreamingMean",

@@ -45,7 +45,7 @@ class ClientContext:
             for strategies that need more than its size, e.g. its label counts or input shape
             (FedCOG). None when a context is built outside the round loop.
         seed: The run seed (``model.seed``, i.e. ``seed_everything``): derive any per-run draw of the
-            strategy from it (e.g. the ``Attack`` plug-in's malicious clients).
+            strategy from it (as the simulated attack draws its malicious clients).
         stacked: 0 for one client. ``C > 0`` while the local steps of ``C`` clients run as one batched
             computation (``model.vectorize``): the module's parameters and gradients, ``state`` and the
             message's per-client entries then hold the clients along dim 0 (``[C, *shape]``), and

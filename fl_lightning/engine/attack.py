@@ -1,64 +1,19 @@
-"""Simulated Byzantine clients (``model.attack``): a fixed share of the federation sends manipulated updates.
+"""The run's simulated attack: ``model.attack`` or the ``Attack`` plug-in, resolved once per run.
 
-The attack is part of the simulated environment, not of the algorithm: the loop applies it to what a
-malicious client sends (after the strategy's ``process_upload``), so any strategy, robust or not, meets
-the same attackers. Math in :mod:`fl_lightning.functional.robust`; the
-:class:`~fl_lightning.strategies.Attack` plug-in calls the same functions.
+Both spellings declare one :class:`~fl_lightning.api.attack.SimulatedAttack` (validated by its
+:meth:`~fl_lightning.api.attack.SimulatedAttack.check`); :func:`run_attack` finds the run's one attack at
+setup, and the :class:`~fl_lightning.engine.round.Engine` applies it in one place of the round: to what a
+malicious client sends, after its local work returned (after the strategy's ``process_upload``) and before
+the failure policy, whichever executor ran the client. So any strategy, robust or not, meets the same
+attackers, on every path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from torch import nn
 
-from fl_lightning.errors import ConfigError, check_number
-from fl_lightning.functional.robust import attack_update, malicious_clients
-from fl_lightning.functional.tensor import Payload
-
-ATTACK_KINDS = ("sign_flip", "scale")
-
-
-@dataclass
-class SimulatedAttack:
-    """Malicious clients: each replaces its update ``Delta_k = w_k - w^t`` before sending it.
-
-    The ``round(fraction * num_clients)`` malicious clients are drawn once from the run seed
-    (``seed_everything``, i.e. ``model.seed``): the same on every process, on a rerun and after a
-    resume; change the seed to change them. A malicious client sampled in a round uploads
-    ``w^t - scale * Delta_k`` (``sign_flip``) or ``w^t + scale * Delta_k`` (``scale``); nothing is random.
-
-    Args:
-        kind: ``sign_flip`` (send the negated, scaled update) or ``scale`` (send the scaled update).
-        fraction: Fraction of all clients that are malicious, in [0, 1].
-        scale: The factor ``s`` > 0 applied to the update (1 with ``sign_flip``: the plain negation).
-    """
-
-    kind: Literal["sign_flip", "scale"] = "sign_flip"
-    fraction: float = 0.2
-    scale: float = 1.0
-
-    def check(self, field: str = "model.attack") -> None:
-        """Raise a one-line :class:`~fl_lightning.errors.ConfigError` naming ``<field>.<option>``."""
-        if self.kind not in ATTACK_KINDS:
-            raise ConfigError(f"{field}.kind={self.kind!r} must be 'sign_flip' or 'scale'")
-        check_number(self.fraction, f"{field}.fraction", low=0, high=1, hint="(share of malicious clients)")
-        check_number(self.scale, f"{field}.scale", low=0, low_open=True, hint="e.g. 1.0 or 10")
-
-    @property
-    def factor(self) -> float:
-        """``-scale`` for ``sign_flip``, ``scale`` for ``scale``."""
-        return -self.scale if self.kind == "sign_flip" else self.scale
-
-    def malicious(self, num_clients: int, seed: int) -> frozenset[int]:
-        """The malicious client ids of a run with ``num_clients`` clients and run seed ``seed``."""
-        return malicious_clients(num_clients, self.fraction, seed)
-
-    def apply(self, upload: Payload, message: Payload) -> Payload:
-        """What a malicious client sends instead of ``upload`` (``message["weights"]`` is ``w^t``)."""
-        if "weights" not in upload:
-            return upload
-        sent = message.get("weights", {})
-        return {**upload, "weights": attack_update(upload["weights"], sent, self.factor)}
+from fl_lightning.api.attack import ATTACK_KINDS, SimulatedAttack
+from fl_lightning.errors import ConfigError
 
 
 def as_attack(value: SimulatedAttack | dict | None, field: str = "model.attack") -> SimulatedAttack | None:
@@ -76,3 +31,33 @@ def as_attack(value: SimulatedAttack | dict | None, field: str = "model.attack")
         raise ConfigError(f"{field}={value!r} must be null or {{kind: sign_flip, fraction: F, scale: S}}")
     value.check(field)
     return value
+
+
+def declared_attacks(strategy: nn.Module) -> list[tuple[str, SimulatedAttack]]:
+    """The attacks that plug-ins nested anywhere in ``strategy`` declare (their ``attack`` attribute), as
+    ``(plug-in class name, attack)``, outermost first."""
+    found = []
+    for module in strategy.modules():
+        attack = getattr(module, "attack", None)
+        if isinstance(attack, SimulatedAttack):
+            found.append((type(module).__name__, attack))
+    return found
+
+
+def run_attack(configured: SimulatedAttack | None, strategy: nn.Module) -> tuple[str, SimulatedAttack] | None:
+    """The run's one simulated attack and where it was declared (None: every client is honest).
+
+    Raises:
+        ConfigError: One line, when more than one attack is declared (``model.attack`` and an ``Attack``
+            plug-in, or two plug-ins): a client would be attacked twice.
+    """
+    found = ([("model.attack", configured)] if configured is not None else []) + [
+        (f"model.strategy ({name})", attack) for name, attack in declared_attacks(strategy)
+    ]
+    if len(found) > 1:
+        where = " and ".join(label for label, _ in found)
+        raise ConfigError(f"{where} both simulate an attack; keep one (model.attack works with any strategy)")
+    return found[0] if found else None
+
+
+__all__ = ["ATTACK_KINDS", "SimulatedAttack", "as_attack", "declared_attacks", "run_attack"]

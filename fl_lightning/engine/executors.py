@@ -1,14 +1,17 @@
 """Executors: where the clients' local work of a round runs. They hold no round semantics.
 
-The :class:`~fl_lightning.engine.round.Engine` asks its executor for three things: which of the round's
-clients this process trains (:meth:`Executor.share`), their outcomes (:meth:`Executor.train`: the client,
-the message it got, its :class:`~fl_lightning.api.types.ClientResult` or the exception its work raised),
-and, once every outcome went through the engine's policies, to make every process hold the round's
-aggregate and facts (:meth:`Executor.gather`). Evaluation of the clients' deployed models goes the same way
-(:meth:`Executor.evaluate`).
+An executor receives the round's :class:`~fl_lightning.engine.work.Work` (a frozen record: the round, its
+clients, how to build each one's message and read its state, their data, the local configuration, the
+precision plugin, the strategy) and never the engine: :meth:`~fl_lightning.engine.work.Executor.share`
+says which of the round's clients this process trains, :meth:`~fl_lightning.engine.work.Executor.train`
+yields their outcomes (the client, the message it got, its :class:`~fl_lightning.api.types.ClientResult`
+or the exception its work raised), and once every outcome went through the engine's policies,
+:meth:`~fl_lightning.engine.work.Executor.gather` makes every process hold the round's aggregate and facts.
+Evaluation of the clients' deployed models goes the same way
+(:meth:`~fl_lightning.engine.work.Executor.evaluate`).
 
-- :class:`Sequential`: one client at a time on the engine's worker
-  (:func:`~fl_lightning.engine.local.train_client`).
+- :class:`Sequential`: one client at a time on the work's worker (:func:`run_client`, the client path the
+  Flower ClientApp runs too).
 - :class:`Vectorized`: groups of up to ``model.vectorize`` clients as one batched computation
   (:mod:`fl_lightning.engine.vectorized`); a group trains one client at a time only for a declared reason
   (the strategy or model cannot be stacked, :func:`~fl_lightning.engine.vectorized.cannot_vectorize`, or a
@@ -18,23 +21,27 @@ aggregate and facts (:meth:`Executor.gather`). Evaluation of the clients' deploy
   counts) with an inner executor; one object exchange and one flat all-reduce per round.
 - The Flower adapter's executor sends the work to SuperNodes through Flower's grid
   (:class:`fl_lightning.flower.executor.FlowerExecutor`).
+
+:func:`default_executor` chooses among the first three for a run; the adapter that sets the engine up
+calls it (the round itself imports no executor).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fl_lightning.api.aggregation import Aggregator
+from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed, world
 from fl_lightning.api.metrics import TaskMetrics
-from fl_lightning.api.types import ClientResult, Payload, RoundResult
+from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.engine.distributed import assign_clients
-from fl_lightning.engine.local import evaluate_deployed, train_client
+from fl_lightning.engine.local import LocalConfig, evaluate_deployed, train_client
 from fl_lightning.engine.vectorized import (
     StackedWorker,
     UnvectorizableError,
@@ -43,100 +50,72 @@ from fl_lightning.engine.vectorized import (
     group_size,
     train_stacked,
 )
+from fl_lightning.engine.work import Evaluation, Executor, Outcome, State, Work
 from fl_lightning.functional.tensor import load_tensors, module_device
-
-if TYPE_CHECKING:
-    from fl_lightning.api.client import ClientModule
-    from fl_lightning.engine.round import Engine
 
 log = logging.getLogger("fl_lightning")
 
-#: One client's outcome: ``(client id, the message it got, its result or the exception its work raised)``.
-Outcome = tuple[int, Payload, ClientResult | Exception]
-#: Per-client metrics of an evaluation and their merge by metric state.
-Evaluation = tuple[dict[int, dict[str, float]], TaskMetrics]
 
+def run_client(work: Work, worker: ClientModule, initial: dict[str, torch.Tensor], client_id: int) -> Outcome:
+    """One client's local work on ``worker``: the client path of every executor and of a Flower SuperNode.
 
-class Executor(ABC):
-    """Runs the clients' local work for an engine (base: every client here, nothing to exchange).
-
-    Attributes:
-        counts: How many clients were trained on each path (``{"sequential": n, "vectorised": n}``), so a
-            run and its tests can tell which path ran.
-        state_held: Some client kept its persistent state itself (a Flower SuperNode, in its run's context)
-            instead of the engine's store, so a checkpoint does not hold it.
+    The worker's personal entries go back to ``initial`` (a client's first round starts its personal layers
+    from the global model's; the worker last trained another client), then
+    :func:`~fl_lightning.engine.local.train_client` runs with the client's message, state and data. An
+    exception is returned, not raised: the engine's failure policy decides (a ``ConfigError`` is re-raised
+    there).
     """
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {"sequential": 0, "vectorised": 0}
-        self.state_held = False
-
-    def share(self, engine: Engine, sampled: list[int]) -> list[int]:
-        """The clients of ``sampled`` this process trains (default: all)."""
-        return sampled
-
-    @abstractmethod
-    def train(self, engine: Engine, round: int, clients: list[int]) -> Iterator[Outcome]:
-        """Each client's outcome, in order; a result is consumed before the next is computed (an upload
-        may alias the worker)."""
-
-    def gather(self, engine: Engine, agg: Aggregator, result: RoundResult) -> None:  # noqa: B027
-        """Make this process hold the whole round's aggregate and facts (default: it does already)."""
-
-    @abstractmethod
-    def evaluate(self, engine: Engine, clients: list[int]) -> Evaluation:
-        """The deployed model of each of ``clients`` on its local test split, and their merge."""
+    message = work.message(client_id)
+    load_tensors(worker, initial)
+    try:
+        res: ClientResult | Exception = train_client(
+            worker,
+            work.strategy,
+            message,
+            work.state(client_id),
+            work.data[client_id],
+            work.round,
+            work.local,
+            work.precision,
+            work.eval_metrics(client_id),
+        )
+    except Exception as err:
+        res = err
+    return client_id, message, res
 
 
 class Sequential(Executor):
-    """One client at a time on the engine's worker, in this process."""
+    """One client at a time on the work's worker, in this process."""
 
-    def train(self, engine: Engine, round: int, clients: list[int]) -> Iterator[Outcome]:
-        worker = engine.worker
-        initial = _personal_initial(engine)
-        for cid in clients:
-            yield self._one(engine, worker, initial, cid, round)
+    def train(self, work: Work) -> Iterator[Outcome]:
+        worker = work.worker()
+        initial = work.personal_initial()
+        for cid in work.clients:
+            yield self._one(work, worker, initial, cid)
 
-    def _one(
-        self, engine: Engine, worker: ClientModule, initial: dict[str, torch.Tensor], cid: int, round: int
-    ) -> Outcome:
-        message = engine.message(cid, round)
-        load_tensors(worker, initial)  # a client's first round starts its personal layers from init
-        try:
-            res: ClientResult | Exception = train_client(
-                worker,
-                engine.strategy,
-                message,
-                engine.store.get(cid),
-                engine.clients[cid],
-                round,
-                engine.config.local,
-                engine.precision,
-                _local_metrics(engine, cid),
-            )
-        except Exception as err:  # the engine's failure policy decides (a ConfigError is re-raised there)
-            res = err
+    def _one(self, work: Work, worker: ClientModule, initial: dict[str, torch.Tensor], cid: int) -> Outcome:
+        outcome = run_client(work, worker, initial, cid)
         self.counts["sequential"] += 1
-        return cid, message, res
+        return outcome
 
-    def evaluate(self, engine: Engine, clients: list[int]) -> Evaluation:
-        worker = engine.worker
-        weights = {k: v for k, v in engine.model.state_dict().items() if v.is_floating_point()}
-        merged = engine.metrics()
+    def evaluate(self, work: Work) -> Evaluation:
+        worker = work.worker()
+        weights = {k: v for k, v in work.model.state_dict().items() if v.is_floating_point()}
+        merged = work.metrics()
         per: dict[int, dict[str, float]] = {}
-        config = engine.config.local
-        for cid in clients:
-            metrics = engine.metrics()
+        local = work.local
+        for cid in work.clients:
+            metrics = work.metrics()
             evaluate_deployed(
                 worker,
                 weights,
-                engine.strategy,
-                engine.clients[cid],
-                engine.store.get(cid),
-                config.batch_size,
-                config.eval_batch_size,
+                work.strategy,
+                work.data[cid],
+                work.state(cid),
+                local.batch_size,
+                local.eval_batch_size,
                 metrics,
-                engine.precision,
+                work.precision,
             )
             per[cid] = metrics.compute()
             merged.merge(metrics)
@@ -156,71 +135,72 @@ class Vectorized(Sequential):
         self.max_group: int | None = None
         self.stacks: dict[tuple[Any, ...], StackedWorker] = {}
 
-    def train(self, engine: Engine, round: int, clients: list[int]) -> Iterator[Outcome]:
-        worker = engine.worker
-        initial = _personal_initial(engine)
-        size = self._group_size(engine, worker, clients)
+    def train(self, work: Work) -> Iterator[Outcome]:
+        worker = work.worker()
+        initial = work.personal_initial()
+        clients = list(work.clients)
+        size = self._group_size(work, worker)
         for start in range(0, len(clients), size):
             group = clients[start : start + size]
             trained = None
             if len(group) > 1:
-                messages = [engine.message(cid, round) for cid in group]
-                states = [engine.store.get(cid) for cid in group]
+                messages = [work.message(cid) for cid in group]
+                states = [work.state(cid) for cid in group]
                 try:
                     trained = train_stacked(
                         self._stack(worker, len(group)),
-                        engine.strategy,
+                        work.strategy,
                         messages,
                         states,
-                        [engine.clients[cid] for cid in group],
-                        round,
-                        engine.config.local,
-                        engine.precision,
+                        [work.data[cid] for cid in group],
+                        work.round,
+                        work.local,
+                        work.precision,
                     )
                 except UnvectorizableError as err:  # a declared reason; any other error propagates
-                    engine.notice(
+                    self.notice(
                         f"model.vectorize: a group of {len(group)} clients was trained one at a time: {err}",
                         key=f"runtime: {err}",
                     )
             if trained is None:
                 for cid in group:
-                    yield self._one(engine, worker, initial, cid, round)
+                    yield self._one(work, worker, initial, cid)
                 continue
             for cid, message, state, done in zip(group, messages, states, trained, strict=True):
                 try:
                     res: ClientResult | Exception = finish_client(
                         worker,
-                        engine.strategy,
+                        work.strategy,
                         message,
                         state,
-                        engine.clients[cid],
+                        work.data[cid],
                         done,
-                        round,
-                        engine.config.local,
-                        engine.precision,
-                        _local_metrics(engine, cid),
+                        work.round,
+                        work.local,
+                        work.precision,
+                        work.eval_metrics(cid),
                     )
                 except Exception as err:
                     res = err
                 self.counts["vectorised"] += 1
                 yield cid, message, res
 
-    def _group_size(self, engine: Engine, worker: ClientModule, clients: list[int]) -> int:
+    def _group_size(self, work: Work, worker: ClientModule) -> int:
         """Clients per group this round (1: one at a time), with the run's one notice on why."""
-        if self.size <= 1 or len(clients) <= 1:
+        if self.size <= 1 or len(work.clients) <= 1:
             return 1
-        reason = cannot_vectorize(worker, engine.strategy, engine.config.local, engine.precision)
+        reason = cannot_vectorize(worker, work.strategy, work.local, work.precision)
         if reason is not None:
-            engine.notice(f"model.vectorize={self.size}: clients train one at a time: {reason}")
+            self.notice(f"model.vectorize={self.size}: clients train one at a time: {reason}")
             return 1
         if self.max_group is None:
-            largest = max(engine.clients, key=lambda d: d.num_samples)
-            config = engine.config.local
+            largest = max(work.data, key=lambda d: d.num_samples)
+            local = work.local
             self.max_group, note = group_size(
-                self.size, worker, largest, config.batch_size, config.vectorize_memory_gb
+                self.size, worker, largest, local.batch_size, local.vectorize_memory_gb
             )
             log.info("model.vectorize=%d: groups of up to %d clients (%s)", self.size, self.max_group, note)
-        return min(self.max_group, len(clients))
+        return min(self.max_group, len(work.clients))
 
     def _stack(self, worker: ClientModule, size: int) -> StackedWorker:
         """The stacked worker for ``size`` clients (kept for the next rounds; at most two sizes)."""
@@ -249,16 +229,17 @@ class ProcessGroup(Executor):
         super().__init__()
         self.inner = inner
         self.counts = inner.counts
+        self.notices = inner.notices
 
-    def share(self, engine: Engine, sampled: list[int]) -> list[int]:
+    def share(self, work: Work) -> list[int]:
         rank, size = world()
-        sizes = {c: engine.clients[c].num_samples for c in sampled}
-        return assign_clients(sampled, sizes, size)[rank]
+        sizes = {c: work.data[c].num_samples for c in work.clients}
+        return assign_clients(list(work.clients), sizes, size)[rank]
 
-    def train(self, engine: Engine, round: int, clients: list[int]) -> Iterator[Outcome]:
-        return self.inner.train(engine, round, clients)
+    def train(self, work: Work) -> Iterator[Outcome]:
+        return self.inner.train(work)
 
-    def gather(self, engine: Engine, agg: Aggregator, result: RoundResult) -> None:
+    def gather(self, work: Work, agg: Aggregator, result: RoundResult) -> dict[int, State]:
         mine = {
             "agg": agg.share(),
             "aggregated": result.info.aggregated,
@@ -268,13 +249,14 @@ class ProcessGroup(Executor):
             "bytes": (result.bytes_down, result.bytes_up),
             "error": result.error,
             "vectorised": result.vectorised,
-            "states": {cid: engine.store.get(cid) for cid in result.info.aggregated},
+            "states": {cid: work.state(cid) for cid in result.info.aggregated},
         }
         parts = all_gather_objects(mine)
-        agg.combine([p["agg"] for p in parts], module_device(engine.model))
+        agg.combine([p["agg"] for p in parts], module_device(work.model))
         result.info.aggregated, result.failed, result.client_metrics, result.train_states = [], [], {}, {}
         result.bytes_down = result.bytes_up = result.vectorised = 0
         result.error = ""
+        others: dict[int, State] = {}
         for part in parts:
             result.info.aggregated += part["aggregated"]
             result.failed += part["failed"]
@@ -284,17 +266,16 @@ class ProcessGroup(Executor):
             result.bytes_up += part["bytes"][1]
             result.error = result.error or part["error"]
             result.vectorised += part["vectorised"]
-            for cid, state in part["states"].items():
-                if cid not in mine["states"]:
-                    engine.store.put(cid, state)
+            others.update({cid: s for cid, s in part["states"].items() if cid not in mine["states"]})
         result.info.aggregated.sort()
         result.failed.sort()
         result.client_metrics = dict(sorted(result.client_metrics.items()))
+        return others
 
-    def evaluate(self, engine: Engine, clients: list[int]) -> Evaluation:
+    def evaluate(self, work: Work) -> Evaluation:
         rank, size = world()
-        per, merged = self.inner.evaluate(engine, clients[rank::size])
-        merged_all = engine.metrics()
+        per, merged = self.inner.evaluate(dataclasses.replace(work, clients=work.clients[rank::size]))
+        merged_all = work.metrics()
         gathered: dict[int, dict[str, float]] = {}
         for part_per, states in all_gather_objects((per, merged.state_tensors())):
             gathered.update(part_per)
@@ -302,23 +283,11 @@ class ProcessGroup(Executor):
         return dict(sorted(gathered.items())), merged_all
 
 
-def default_executor(engine: Engine) -> Executor:
-    """One client at a time, or vectorised groups (``model.vectorize > 1``); each process its share inside
-    a process group."""
-    size = engine.config.local.vectorize
-    inner: Executor = Vectorized(size) if size > 1 else Sequential()
+def default_executor(local: LocalConfig) -> Executor:
+    """The executor of a run in this process: one client at a time, or vectorised groups
+    (``model.vectorize > 1``); each process its share inside a ``torch.distributed`` process group."""
+    inner: Executor = Vectorized(local.vectorize) if local.vectorize > 1 else Sequential()
     return ProcessGroup(inner) if is_distributed() else inner
-
-
-def _local_metrics(engine: Engine, cid: int) -> TaskMetrics | None:
-    """The metrics of a freshly trained client's model on its local test split (None: it has none)."""
-    return engine.local_metrics if engine.clients[cid].test_idx.numel() else None
-
-
-def _personal_initial(engine: Engine) -> dict[str, torch.Tensor]:
-    """The global model's personal entries, where a client's first round starts its personal layers."""
-    personal = engine.strategy.personal_names(engine.model)
-    return {n: t for n, t in engine.model.state_dict().items() if n in personal}
 
 
 __all__ = [
@@ -328,5 +297,7 @@ __all__ = [
     "ProcessGroup",
     "Sequential",
     "Vectorized",
+    "Work",
     "default_executor",
+    "run_client",
 ]

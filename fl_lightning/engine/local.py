@@ -12,7 +12,7 @@ same functions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -194,13 +194,10 @@ def train_client(
 ) -> ClientResult:
     """Run one client's local work for one round on ``worker`` and return its upload and state.
 
-    Steps: load ``message["weights"]`` into the worker; ``strategy.on_client_start``; build the
-    local optimizer (``strategy.configure_client_optimizer``) and set its lr to
-    ``lr_0 * lr_decay ** round``; run ``K`` steps of ``optimizer.step(closure)`` where the closure
-    computes :func:`step_loss` (``training_step``'s loss + the strategy's local term), backward, the
-    strategy's and module's ``on_before_optimizer_step`` hooks and optional clipping (closure-based, so
-    SAM-type optimizers can call it twice); collect ``strategy.upload``; evaluate on the local test
-    split if any. Values the module logs with ``self.log`` join the client's metrics.
+    Steps: load ``message["weights"]`` into the worker; :func:`local_optimizer` (``strategy.on_client_start``,
+    the local optimizer with its lr decayed for the round); :func:`local_steps` (``K`` steps of
+    ``optimizer.step(closure)``); collect ``strategy.upload`` and ``process_upload``; evaluate on the local
+    test split if any. Values the module logs with ``self.log`` join the client's metrics.
     Randomness (batch order, dropout) comes from a stream seeded by ``(seed, round, client_id)``.
     """
     device = next(worker.parameters()).device
@@ -210,14 +207,84 @@ def train_client(
         compile_worker(worker, config.compile_mode(device))
         ctx = start_client(worker, strategy, message, state, data, round, config, lr=0.0)
         with worker.local_training(), _dropping(ctx.scratch):
-            strategy.on_client_start(worker, ctx)
-            optimizer = strategy.configure_client_optimizer(worker, ctx)
-            decay = config.lr_decay**round
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * decay
-            ctx.lr = optimizer.param_groups[0]["lr"]
-            _local_steps(worker, strategy, optimizer, ctx, data, config, precision, generator)
+            optimizer = local_optimizer(worker, strategy, ctx, config)
+            batches = data.batches(config.batch_size, ctx.num_steps, generator)
+            convert = precision.convert_input if precision is not None else None
+            for _ in local_steps(worker, strategy, optimizer, ctx, batches, config, precision, convert):
+                pass
             return client_result(worker, strategy, ctx, message, data, config, precision, eval_metrics)
+
+
+def local_optimizer(
+    module: nn.Module, strategy: Strategy, ctx: ClientContext, config: LocalConfig
+) -> torch.optim.Optimizer:
+    """The start of a client's local steps (one client's, or a stacked group's): ``strategy.on_client_start``,
+    then the local optimizer (``strategy.configure_client_optimizer``) with every group's lr multiplied by
+    ``lr_decay ** round``; ``ctx.lr`` is the round's lr."""
+    strategy.on_client_start(module, ctx)
+    optimizer = strategy.configure_client_optimizer(module, ctx)
+    decay = config.lr_decay**ctx.round
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * decay
+    ctx.lr = optimizer.param_groups[0]["lr"]
+    return optimizer
+
+
+def local_steps(
+    module: nn.Module,
+    strategy: Strategy,
+    optimizer: torch.optim.Optimizer,
+    ctx: ClientContext,
+    batches: Iterable[Any],
+    config: LocalConfig,
+    precision: Any = None,
+    convert: Callable[[Any], Any] | None = None,
+) -> Iterator[int]:
+    r"""The local steps, written once: one client's (:func:`train_client`) or a stacked group's
+    (:func:`~fl_lightning.engine.vectorized.train_stacked`, ``ctx.stacked > 0``); yields each step's index
+    once it is done (a stacked group takes a client's values after its last step).
+
+    Per batch (``convert``\ed first, e.g. the precision plugin's ``convert_input``): ``ctx.step``, then
+    ``strategy.local_step(module, optimizer, ctx, batch, closure)`` (``optimizer.step(closure)`` by default),
+    where the closure zeroes the gradients, computes :func:`step_loss` under the precision plugin's
+    ``train_step_context``, backpropagates, runs ``strategy.on_before_optimizer_step`` and the module's
+    ``on_before_optimizer_step`` and clips the gradients (``model.grad_clip_norm``; per client when
+    stacked); closure-based, so SAM-type optimizers can call it twice. With a gradient scaler
+    (``16-mixed``) the loop scales the loss, unscales before the hooks and steps through the scaler instead
+    of ``local_step``. Then ``strategy.on_after_optimizer_step``.
+    """
+    scaler = getattr(precision, "scaler", None)
+    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    stacked = ctx.stacked > 0
+    for step, batch in enumerate(batches):
+        ctx.step = step
+        if convert is not None:
+            batch = convert(batch)
+
+        def closure(batch: Any = batch, step: int = step) -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            with step_ctx():
+                loss = step_loss(module, strategy, ctx, batch, step)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            strategy.on_before_optimizer_step(module, optimizer, ctx)
+            module.on_before_optimizer_step(optimizer)
+            if config.grad_clip_norm is not None:
+                clip_grads_(params, config.grad_clip_norm, stacked=stacked)
+            return loss
+
+        if scaler is not None:
+            closure()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            strategy.local_step(module, optimizer, ctx, batch, closure)
+        strategy.on_after_optimizer_step(module, optimizer, ctx)
+        yield step
 
 
 def start_client(
@@ -312,48 +379,6 @@ def compile_worker(worker: nn.Module, mode: str | None) -> None:
     net = getattr(worker, "net", worker)
     net.compile(mode=mode)
     worker._fl_compile_mode = mode
-
-
-def _local_steps(
-    worker: ClientModule,
-    strategy: Strategy,
-    optimizer: torch.optim.Optimizer,
-    ctx: ClientContext,
-    data: ClientData,
-    config: LocalConfig,
-    precision: Any,
-    generator: torch.Generator,
-) -> None:
-    scaler = getattr(precision, "scaler", None)
-    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for step, batch in enumerate(data.batches(config.batch_size, ctx.num_steps, generator)):
-        ctx.step = step
-        if precision is not None:
-            batch = precision.convert_input(batch)
-
-        def closure(batch: Any = batch, step: int = step) -> Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            with step_ctx():
-                loss = step_loss(worker, strategy, ctx, batch, step)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            strategy.on_before_optimizer_step(worker, optimizer, ctx)
-            worker.on_before_optimizer_step(optimizer)
-            if config.grad_clip_norm is not None:
-                clip_grads_(params, config.grad_clip_norm)
-            return loss
-
-        if scaler is not None:
-            closure()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            strategy.local_step(worker, optimizer, ctx, batch, closure)
-        strategy.on_after_optimizer_step(worker, optimizer, ctx)
 
 
 def step_loss(worker: nn.Module, strategy: Strategy, ctx: ClientContext, batch: Any, step: int) -> Tensor:

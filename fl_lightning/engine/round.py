@@ -3,18 +3,20 @@
 :class:`Engine` owns everything a round means: the clients it samples, the message each receives, the
 simulated attack, the failure policy, the aggregate, ``process_aggregate``, the server update and the
 server optimizer's step, the round's metrics and the reason to stop. It uses no Lightning API: the clients'
-local work is handed to an executor (:mod:`fl_lightning.engine.executors`: one client at a time,
-vectorised groups, a process group's share, or a Flower grid's SuperNodes) and the adapters above it only
-drive rounds and report what they return: :class:`~fl_lightning.lightning.module.FederatedModule` (a round
-is a Lightning training step: logging, checkpoints, callbacks) and the Flower ServerApp. A policy therefore
-holds the same on every path.
+local work is handed to an executor as a :class:`~fl_lightning.engine.work.Work` (the executors are in
+:mod:`fl_lightning.engine.executors`: one client at a time, vectorised groups, a process group's share; or
+a Flower grid's SuperNodes; the adapter that sets the engine up chooses one, and this module imports none
+of them) and the adapters above it only drive rounds and report what they return:
+:class:`~fl_lightning.lightning.module.FederatedModule` (a round is a Lightning training step: logging,
+checkpoints, callbacks) and the Flower ServerApp. A policy therefore holds the same on every path.
 
 A round, in order::
 
     sample            strategy.select_clients (seeded by (seed, round)); stop_reason(round) refuses it
     message           strategy.message(model, client, round), built when its client's work starts
     local work        the executor: train_client per client (or a vectorised group), anywhere
-    attack            model.attack replaces what a malicious client sends
+    attack            the run's simulated attack (model.attack, or the Attack plug-in) replaces what a
+                      malicious client sends
     failure policy    a client whose work raised (not a ConfigError) or uploaded non-finite values is
                       excluded and counted; with tolerate_client_failures=false the run stops;
                       max_failed_rounds consecutive rounds without any upload stop it too
@@ -29,6 +31,7 @@ A round, in order::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 import math
@@ -45,16 +48,16 @@ from fl_lightning.api.strategy import own_local_step
 from fl_lightning.api.task import Task
 from fl_lightning.api.types import ClientResult, Payload, RoundInfo, RoundResult, RunSpec
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine.attack import SimulatedAttack
+from fl_lightning.engine.attack import SimulatedAttack, run_attack
 from fl_lightning.engine.local import LocalConfig, check_upload
 from fl_lightning.engine.state import ClientStateStore
+from fl_lightning.engine.work import Executor, Work
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.tensor import derive_seed, module_device, payload_bytes
 
 if TYPE_CHECKING:
     from fl_lightning.api.strategy import Strategy
-    from fl_lightning.engine.executors import Executor
 
 log = logging.getLogger("fl_lightning")
 
@@ -106,7 +109,8 @@ class EngineConfig:
         tolerate_client_failures: Exclude (and count) a client whose local work raises or uploads
             non-finite values instead of stopping the run.
         max_failed_rounds: Consecutive rounds without any accepted upload after which the run stops.
-        attack: Simulated malicious clients (None: every client is honest).
+        attack: Simulated malicious clients, ``model.attack`` (None: every client is honest, unless an
+            ``Attack`` plug-in in the strategy declares them: :func:`~fl_lightning.engine.attack.run_attack`).
         eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.
     """
 
@@ -187,9 +191,12 @@ class Engine:
         strategy: The federated algorithm.
         config: How rounds run.
         store: Every client's persistent state (on the host, spilling to disk past a budget).
-        executor: Runs the clients' local work (chosen by :meth:`setup` unless given there).
+        executor: Runs the clients' local work (given to :meth:`setup`, e.g.
+            :func:`~fl_lightning.engine.executors.default_executor`); it receives each round's work as a
+            :class:`~fl_lightning.engine.work.Work` and never sees the engine.
         precision: A Lightning precision plugin for the clients' steps and evaluation (None: fp32).
         num_rounds: The rounds the run will do (-1: unknown); no stop is announced for the last one.
+        attack: The run's simulated attack and where it was declared (set by :meth:`setup`; None: none).
     """
 
     model: ClientModule
@@ -206,7 +213,7 @@ class Engine:
     _optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     _worker: ClientModule | None = field(default=None, repr=False)
     _local_metrics: TaskMetrics | None = field(default=None, repr=False)
-    notices: set[str] = field(default_factory=set, repr=False)
+    attack: tuple[str, SimulatedAttack] | None = None
 
     # ------------------------------------------------------------------------------------ setup
     def setup(
@@ -220,12 +227,15 @@ class Engine:
         """Bind the federation and check the configuration against it (one ``ConfigError`` line).
 
         Validates ``clients_per_round``, sets up the strategy's server state (before a checkpoint is
-        restored into it), runs :meth:`Strategy.check <fl_lightning.api.strategy.Strategy.check>` and
-        chooses the executor: ``executor`` if given, else one client at a time or vectorised groups
-        (``model.vectorize``), each process its share inside a process group.
+        restored into it), runs :meth:`Strategy.check <fl_lightning.api.strategy.Strategy.check>`, resolves
+        the run's simulated attack (:func:`~fl_lightning.engine.attack.run_attack`) and binds ``executor``
+        (None: keep the one given before; the caller chooses it, e.g.
+        :func:`~fl_lightning.engine.executors.default_executor`, or Flower's grid).
         """
-        from fl_lightning.engine.executors import default_executor
-
+        if executor is not None:
+            self.executor = executor
+        if self.executor is None:
+            raise ValueError("Engine.setup needs an executor, e.g. default_executor(config.local)")
         self.clients = clients
         self.task = Task(task)
         self.num_classes = int(num_classes)
@@ -241,9 +251,9 @@ class Engine:
                 "32-true"
             )
         self.strategy.check(self.model, spec)
-        if self.config.attack is not None:
-            log.info("model.attack: clients %s are malicious", sorted(self.malicious()))
-        self.executor = executor if executor is not None else default_executor(self)
+        self.attack = run_attack(self.config.attack, self.strategy)
+        if self.attack is not None:
+            log.info("%s: clients %s are malicious", self.attack[0], sorted(self.malicious()))
 
     def spec(self) -> RunSpec:
         """What the run is made of, for the strategy's :meth:`check`."""
@@ -292,13 +302,6 @@ class Engine:
             self._local_metrics = self.metrics()
         return self._local_metrics
 
-    def notice(self, text: str, key: str | None = None) -> None:
-        """Log ``text`` once per run (or only the first text of ``key``): a run slower than asked."""
-        key = text if key is None else key
-        if key not in self.notices:
-            self.notices.add(key)
-            log.warning(text)
-
     # ------------------------------------------------------------------------------------ facts
     def sample(self, round: int) -> list[int]:
         """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed."""
@@ -307,13 +310,47 @@ class Engine:
         return checked_selection(chosen, self.num_clients)
 
     def malicious(self) -> frozenset[int]:
-        """The clients ``model.attack`` makes malicious (drawn once from the run seed)."""
-        attack = self.config.attack
-        return frozenset() if attack is None else attack.malicious(self.num_clients, self.config.seed)
+        """The clients the run's simulated attack makes malicious (drawn once from the run seed)."""
+        if self.attack is None:
+            return frozenset()
+        return self.attack[1].malicious(self.num_clients, self.config.seed)
 
     def message(self, client_id: int, round: int) -> Payload:
         """What the server sends ``client_id`` in ``round``."""
         return self.strategy.message(self.model, client_id, round)
+
+    def work(
+        self,
+        round: int,
+        clients: list[int],
+        message: Callable[[int], Payload] | None = None,
+        state: Callable[[int], dict[str, torch.Tensor]] | None = None,
+    ) -> Work:
+        """What an executor needs to run ``clients``' work of ``round`` (-1: an evaluation).
+
+        ``message`` and ``state`` default to the strategy's message and the store's state; a Flower
+        SuperNode passes the message it received and the state its node keeps.
+        """
+        assert self.executor is not None and self.task is not None, "call setup() first"
+        if message is None:
+
+            def message(client_id: int) -> Payload:
+                return self.message(client_id, round)
+
+        return Work(
+            round=round,
+            clients=tuple(clients),
+            strategy=self.strategy,
+            model=self.model,
+            data=self.clients,
+            message=message,
+            state=self.store.get if state is None else state,
+            local=self.config.local,
+            precision=self.precision,
+            worker=lambda: self.worker,
+            metrics=self.metrics,
+            local_metrics=lambda: self.local_metrics,
+        )
 
     def eval_sample(self, rounds_done: int) -> list[int] | None:
         """The clients evaluated during fit after ``rounds_done`` rounds (None: all, ``eval_fraction=1``)."""
@@ -365,8 +402,10 @@ class Engine:
             torch.cuda.reset_peak_memory_stats(device)
         malicious = self.malicious()
         vectorised = self.executor.counts["vectorised"]
-        mine = self.executor.share(self, sampled)
-        for index, (cid, message, outcome) in enumerate(self.executor.train(self, round, mine)):
+        work = self.work(round, sampled)
+        mine = self.executor.share(work)
+        work = dataclasses.replace(work, clients=tuple(mine))
+        for index, (cid, message, outcome) in enumerate(self.executor.train(work)):
             try:
                 res = self._accept(round, cid, message, outcome, cid in malicious)
             except (ConfigError, RunError):
@@ -396,7 +435,8 @@ class Engine:
         if device.type == "cuda":
             result.peak_memory_gb = torch.cuda.max_memory_allocated(device) / 2**30
         result.vectorised = self.executor.counts["vectorised"] - vectorised
-        self.executor.gather(self, agg, result)
+        for cid, state in self.executor.gather(work, agg, result).items():  # trained by another process
+            self.store.put(cid, state)
         if not result.info.aggregated:  # every client failed: nothing to aggregate (the round is skipped)
             return result
         result.info.weight_totals = agg.weight_totals
@@ -410,9 +450,9 @@ class Engine:
         """The client's result after the attack; raises what makes it a failed client."""
         if isinstance(outcome, BaseException):
             raise outcome
-        if malicious:  # what a malicious client sends instead (same size: bytes_up holds)
-            assert self.config.attack is not None
-            outcome.upload = self.config.attack.apply(outcome.upload, message)
+        if malicious:  # the one place an attack replaces an upload (same size: bytes_up holds)
+            assert self.attack is not None
+            outcome.upload = self.attack[1].apply(outcome.upload, message)
         check_upload(cid, round, outcome.upload)
         return outcome
 
@@ -493,7 +533,7 @@ class Engine:
         """
         assert self.executor is not None, "call setup() first"
         chosen = list(range(self.num_clients)) if clients is None else list(clients)
-        return self.executor.evaluate(self, chosen)
+        return self.executor.evaluate(self.work(-1, chosen))
 
 
 __all__ = [

@@ -10,7 +10,9 @@ the client dim, on the clients' own mini-batches stacked ``[C, B, ...]`` (a shor
 and its padding masked out of the client's mean loss). The loss is the SUM of the clients' losses, so
 one ordinary backward leaves each client's own gradient in its slice of ``.grad``; the strategy's
 hooks (:attr:`~fl_lightning.api.strategy.Strategy.vectorizable`) and the local ``torch.optim``
-optimizer (SGD, Adam, AdamW: elementwise, so per client exact) then run once for the group. On the
+optimizer (SGD, Adam, AdamW: elementwise, so per client exact) then run once for the group, in the
+sequential round's own loop (:func:`~fl_lightning.engine.local.local_optimizer` and
+:func:`~fl_lightning.engine.local.local_steps`, on the stacked worker and a stacked context). On the
 CPU (:data:`VMAP_ON_CPU` off) the forward and backward run one client at a time instead, and only the
 rest of the step is batched.
 
@@ -38,9 +40,9 @@ error propagates.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +61,10 @@ from fl_lightning.engine.local import (
     client_result,
     client_rng,
     client_seed,
+    local_optimizer,
+    local_steps,
     start_client,
-    step_loss,
 )
-from fl_lightning.functional.sharpness import clip_grads_
 from fl_lightning.functional.tensor import Payload, load_tensors, module_device
 
 if TYPE_CHECKING:
@@ -287,6 +289,11 @@ def train_stacked(
 ) -> list[Trained]:
     """The local steps of ``len(datas)`` clients as one computation on ``stack``; each client's result.
 
+    The steps are the sequential round's own (:func:`~fl_lightning.engine.local.local_optimizer` and
+    :func:`~fl_lightning.engine.local.local_steps`) on the stacked worker and a stacked context, over the
+    clients' batches stacked per step (:func:`_stacked_batches`); after each step, the clients whose last
+    step it was are taken out (:func:`_take`).
+
     Raises :class:`UnvectorizableError` for a declared reason before any client's result is used (the
     executor then trains the group one client at a time, with a notice naming the reason); any other error
     propagates.
@@ -295,8 +302,7 @@ def train_stacked(
     if stack.size != size:
         raise ValueError(f"a stack of {stack.size} cannot train {size} clients")
     device = module_device(stack)
-    x_all, y_all = datas[0].x, datas[0].y
-    if any(d.x is not x_all or d.y is not y_all for d in datas):
+    if any(d.x is not datas[0].x or d.y is not datas[0].y for d in datas):
         raise UnvectorizableError("the clients do not index one shared data tensor")
     steps = [config.num_steps(d) for d in datas]
     ctx = ClientContext(
@@ -317,68 +323,61 @@ def train_stacked(
     stack.train()
     stack.records.clear()
     load_tensors(stack, ctx.message.get("weights", {}))
-    step_ctx = precision.train_step_context if precision is not None else contextlib.nullcontext
     trained: list[Trained | None] = [None] * size
     with _dropping(ctx.scratch):
-        strategy.on_client_start(stack, ctx)
-        optimizer = strategy.configure_client_optimizer(stack, ctx)
+        optimizer = local_optimizer(stack, strategy, ctx, config)
         if type(optimizer) not in BATCHED_OPTIMIZERS:
             raise UnvectorizableError(f"the local optimizer {type(optimizer).__name__} is not elementwise")
-        decay = config.lr_decay**round
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * decay
-        ctx.lr = optimizer.param_groups[0]["lr"]
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        generators = [
-            torch.Generator().manual_seed(client_seed(config.seed, round, d.client_id)) for d in datas
-        ]
-        streams = [d.batch_indices(config.batch_size, n, g) for d, n, g in zip(datas, steps, generators)]
-        none = torch.zeros(0, dtype=torch.long, device=x_all.device)
-        counts_by_step: list[list[int]] = []
-        for step in range(max(steps)):
-            ctx.step = step
-            idx = [next(s) if step < n else none for s, n in zip(streams, steps)]
-            counts = [int(i.numel()) for i in idx]
-            counts_by_step.append(counts)
-            batch = _stacked_batch(idx, counts, x_all, y_all, precision, width, (datas, generators))
-
-            def closure(batch: Any = batch, step: int = step) -> Tensor:
-                optimizer.zero_grad(set_to_none=True)
-                with step_ctx():
-                    loss = step_loss(stack, strategy, ctx, batch, step)
-                loss.backward()
-                strategy.on_before_optimizer_step(stack, optimizer, ctx)
-                if config.grad_clip_norm is not None:
-                    clip_grads_(params, config.grad_clip_norm, stacked=True)
-                return loss
-
-            strategy.local_step(stack, optimizer, ctx, batch, closure)
-            strategy.on_after_optimizer_step(stack, optimizer, ctx)
+        counts: list[list[int]] = []  # each step's real batch size per client
+        batches = _stacked_batches(datas, steps, round, config, precision, width, counts)
+        for step in local_steps(stack, strategy, optimizer, ctx, batches, config, precision):
             for k, n in enumerate(steps):
                 if n == step + 1:
-                    trained[k] = _take(stack, strategy, ctx, k, n, counts_by_step)
+                    trained[k] = _take(stack, strategy, ctx, k, n, counts)
     if any(t is None for t in trained):
         raise UnvectorizableError("a client of the group ran no local step")
     return [t for t in trained if t is not None]
 
 
+def _stacked_batches(
+    datas: list[ClientData],
+    steps: list[int],
+    round: int,
+    config: LocalConfig,
+    precision: Any,
+    width: int,
+    counts: list[list[int]],
+) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """Each step's batch of the group, ``(x, y, weight, count)`` (:func:`_stacked_batch`): every client's
+    indices drawn from its own generator, seeded by ``(seed, round, client_id)`` as in the sequential round
+    (a client past its last step contributes an empty batch); appends the step's real sizes to ``counts``."""
+    generators = [torch.Generator().manual_seed(client_seed(config.seed, round, d.client_id)) for d in datas]
+    streams = [d.batch_indices(config.batch_size, n, g) for d, n, g in zip(datas, steps, generators)]
+    none = torch.zeros(0, dtype=torch.long, device=datas[0].x.device)
+    for step in range(max(steps)):
+        idx = [next(s) if step < n else none for s, n in zip(streams, steps)]
+        sizes = [int(i.numel()) for i in idx]
+        counts.append(sizes)
+        yield _stacked_batch(idx, sizes, datas, generators, precision, width)
+
+
 def _stacked_batch(
     idx: list[Tensor],
     counts: list[int],
-    x_all: Tensor,
-    y_all: Tensor,
+    datas: list[ClientData],
+    generators: list[torch.Generator],
     precision: Any,
     width: int = 0,
-    clients: tuple[list[ClientData], list[torch.Generator]] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(x, y, weight, count)``: the clients' batches gathered with one indexing, padded to the longest
-    or to ``width`` samples if more."""
+    """``(x, y, weight, count)``: the clients' batches gathered with one indexing of the data they share
+    (each client's rows then through its transform, drawing from its generator as its sequential batches
+    do: :func:`~fl_lightning.data.federated.take_stacked`), padded to the longest or to ``width`` samples."""
     padded = pad_sequence(idx, batch_first=True)  # padding indexes row 0, masked out by ``weight``
     if padded.shape[1] < width:
         padded = F.pad(padded, (0, width - padded.shape[1]))
     count = torch.tensor(counts, dtype=torch.float32).to(padded.device, non_blocking=True)
     weight = (torch.arange(padded.shape[1], device=padded.device) < count[:, None]).float()
-    x, y = take_stacked(*clients, padded, counts) if clients else (x_all[padded], y_all[padded])
+    x, y = take_stacked(datas, generators, padded, counts)  # through each client's transform, if any
     if precision is not None:
         x, y = precision.convert_input((x, y))
     return x, y, weight, count.clamp(min=1)

@@ -1,14 +1,20 @@
-"""A Flower ``ClientApp`` that runs fl_lightning's client side: the same functions as every executor.
+"""A Flower ``ClientApp`` that runs fl_lightning's client side: the engine's own client path.
 
 A node hosts the clients whose id is its ``partition-id`` modulo ``num-partitions`` (one client per node
-when there are as many nodes as clients). On a ``train`` message for one of its clients it runs
-:func:`~fl_lightning.engine.local.train_client` on the payload the engine's ``strategy.message`` built,
-checks its upload (:func:`~fl_lightning.engine.local.check_upload`: a non-finite upload is an error reply,
-and the node keeps its old state, as the engine keeps it only for accepted clients), keeps its new state in
-``context.state`` and replies with the upload, its metrics (``MetricRecord``) and its training-metric
-states. On ``evaluate`` it evaluates the model it deploys
-(:func:`~fl_lightning.engine.local.evaluate_deployed`) and replies with the metric states; on ``query`` it
-tells the server which partition it is.
+when there are as many nodes as clients). Its engine, built from the config by
+:mod:`fl_lightning.flower.federation`, has the run's ``trainer.precision`` and a
+:class:`~fl_lightning.engine.executors.Sequential` executor; a message becomes that engine's
+:class:`~fl_lightning.engine.work.Work` for one client, whose message is the payload the server's
+``strategy.message`` built and whose state is the one the node keeps in ``context.state``.
+
+On ``train`` the executor runs the client (:func:`~fl_lightning.engine.executors.run_client`, as on every
+path: its personal layers start from the initial model's on its first round, then
+:func:`~fl_lightning.engine.local.train_client`); the node checks its upload
+(:func:`~fl_lightning.engine.local.check_upload`: a non-finite upload is an error reply, and the node keeps
+its old state, as the engine keeps it only for accepted clients), keeps its new state and replies with the
+upload, its metrics (``MetricRecord``) and its training-metric states. On ``evaluate`` the node's copy of
+the global model takes the weights sent, the executor evaluates the model the client deploys and the node
+replies with the metric states. On ``query`` it tells the server which partition it is.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_lightning.engine.local import check_upload, evaluate_deployed, train_client
+from fl_lightning.api.types import ClientResult
+from fl_lightning.engine.local import check_upload
+from fl_lightning.engine.work import Work
 from fl_lightning.errors import ConfigError
 from fl_lightning.flower.executor import NUM_PARTITIONS, PARTITION_ID, node_answer
 from fl_lightning.flower.federation import Federation, cached_federation
@@ -98,22 +106,12 @@ def client_app(
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         fed = federation(context)
-        cid = _checked_client(msg, context, fed)
         round_idx = int(msg.content.config_records[CONFIG]["round"])
-        engine = fed.module.engine
-        worker = fed.worker
-        _reset_personal(fed)
-        res = train_client(
-            worker,
-            engine.strategy,
-            records_to_payload(msg.content, fed.device),
-            load_client_state(context.state, cid),
-            engine.clients[cid],
-            round_idx,
-            engine.config.local,
-            None,
-            engine.local_metrics if engine.clients[cid].test_idx.numel() else None,
-        )
+        work = _client_work(msg, context, fed, round_idx)
+        cid = work.clients[0]
+        ((_, _, res),) = fed.executor.train(work)
+        if not isinstance(res, ClientResult):
+            raise res  # Flower replies with the error
         check_upload(cid, round_idx, res.upload)  # a fault: Flower replies with the error, state unchanged
         save_client_state(context.state, cid, res.state or {})
         content = RecordDict(
@@ -137,25 +135,14 @@ def client_app(
     @app.evaluate()
     def evaluate_(msg: Message, context: Context) -> Message:
         fed = federation(context)
-        cid = _checked_client(msg, context, fed)
-        engine = fed.module.engine
-        _reset_personal(fed)
-        metrics = engine.metrics()
-        local = engine.config.local
-        evaluate_deployed(
-            fed.worker,
-            records_to_payload(msg.content, fed.device).get("weights", {}),
-            engine.strategy,
-            engine.clients[cid],
-            load_client_state(context.state, cid),
-            local.batch_size,
-            local.eval_batch_size,
-            metrics,
-        )
+        work = _client_work(msg, context, fed, -1)
+        sent = work.message(work.clients[0]).get("weights", {})
+        load_tensors(work.model, sent)  # the node's copy of the global model: the server's weights
+        _, merged = fed.executor.evaluate(work)
         content = RecordDict(
             {
-                EVAL_STATE: tensors_to_record(metrics.state_tensors()),
-                CONFIG: ConfigRecord({"client-id": cid}),
+                EVAL_STATE: tensors_to_record(merged.state_tensors()),
+                CONFIG: ConfigRecord({"client-id": work.clients[0]}),
             }
         )
         return Message(content, reply_to=msg)
@@ -172,9 +159,10 @@ def _checked_client(msg: Message, context: Context, fed: Federation) -> int:
     return cid
 
 
-def _reset_personal(fed: Federation) -> None:
-    """Personal entries of the shared worker back to the initial model's (a client's first round starts
-    from them, as in the engine's executors; the worker last trained another client)."""
-    personal = fed.module.strategy.personal_names(fed.module.client)
-    if personal:
-        load_tensors(fed.worker, {n: t for n, t in fed.module.client.state_dict().items() if n in personal})
+def _client_work(msg: Message, context: Context, fed: Federation, round: int) -> Work:
+    """The node engine's work for the one client the message is for: its message is the payload the server
+    sent, its state the one the node keeps in ``context.state``."""
+    cid = _checked_client(msg, context, fed)
+    payload = records_to_payload(msg.content, fed.device)
+    state = load_client_state(context.state, cid)
+    return fed.module.engine.work(round, [cid], message=lambda _: payload, state=lambda _: state)

@@ -1,8 +1,9 @@
 """The engine's executor over Flower's grid: the clients' local work runs on SuperNodes.
 
 The round stays the :class:`~fl_lightning.engine.round.Engine`'s (sampling, messages, attack, failure
-policy, aggregation, server step, DP accounting, stop reasons); this executor only carries a round's
-messages to the nodes of its clients (one ``train`` message each, sent together, so the nodes work in
+policy, aggregation, server step, DP accounting, stop reasons); this executor receives the round's
+:class:`~fl_lightning.engine.work.Work` (never the engine) and only carries its messages to the nodes of
+its clients (one ``train`` message each, sent together, so the nodes work in
 parallel) and turns the replies into the :class:`~fl_lightning.api.types.ClientResult` the engine's
 policies see: an error reply, or no reply within ``timeout``, is that client's failure. The evaluation of
 the clients' deployed models goes the same way (``evaluate`` messages; the replies carry metric states,
@@ -14,6 +15,8 @@ most one message at a time (the messages of a node's clients go out in turns).
 A client's persistent state (SCAFFOLD's ``c_i``, personal layers) stays on its node, in the node's
 ``context.state``; the node keeps the new state only when its upload passes the client-side check
 (:func:`~fl_lightning.engine.local.check_upload`), as the engine keeps it only for accepted clients.
+The node's ClientApp (:mod:`fl_lightning.flower.client_app`) runs the engine's own client path
+(:func:`~fl_lightning.engine.executors.run_client`), with the run's ``trainer.precision``.
 """
 
 from __future__ import annotations
@@ -21,14 +24,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientResult, Payload
-from fl_lightning.engine.executors import Evaluation, Executor, Outcome
+from fl_lightning.engine.work import Evaluation, Executor, Outcome, Work
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.flower.records import (
     CONFIG,
@@ -43,9 +45,6 @@ from fl_lightning.flower.records import (
 )
 from fl_lightning.functional.tensor import module_device, shared_state
 
-if TYPE_CHECKING:
-    from fl_lightning.engine.round import Engine
-
 #: Keys of a node's ``node_config`` (``flower-supernode --node-config``; set by the simulation).
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
 
@@ -55,11 +54,13 @@ class ClientFailedError(RuntimeError):
 
 
 class FlowerExecutor(Executor):
-    """Runs the engine's client work on the SuperNodes of a Flower ``Grid``.
+    """Runs the clients' work of a :class:`~fl_lightning.engine.work.Work` on the SuperNodes of a Flower
+    ``Grid`` (anything with ``get_node_ids()`` and ``send_and_receive(messages, timeout)``).
 
-    A round in which a node reports client state (``state_bytes`` > 0) is marked ``node_state`` in the
-    engine's history: a checkpoint of such a run lacks that state (it stays on the nodes, in the Flower
-    run's context), so resuming it in a new Flower run is refused (:meth:`check_resume`).
+    When a node replies with client state (``state_bytes`` > 0), :attr:`state_held` becomes true and the
+    engine marks its rounds ``client_held_state`` in its history: a checkpoint of such a run lacks that
+    state (it stays on the nodes, in the Flower run's context), so resuming it is refused with one line
+    (:meth:`Engine.check_resume <fl_lightning.engine.round.Engine.check_resume>`).
 
     Args:
         grid: The grid of the ServerApp (``main(grid, context)``).
@@ -122,10 +123,10 @@ class FlowerExecutor(Executor):
         self._partitions[pid] = node
 
     def _send(
-        self, engine: Engine, kind: str, round: int, payloads: dict[int, Payload]
+        self, work: Work, kind: str, round: int, payloads: dict[int, Payload]
     ) -> dict[int, Message | str]:
         """Send each client its payload; its reply, or why there is none, by client id."""
-        self.discover(engine.num_clients)
+        self.discover(len(work.data))
         messages = []
         converted: dict[
             tuple, dict
@@ -154,11 +155,11 @@ class FlowerExecutor(Executor):
         return replies
 
     # ------------------------------------------------------------------------------ train
-    def train(self, engine: Engine, round: int, clients: list[int]) -> Iterator[Outcome]:
-        messages = {cid: engine.message(cid, round) for cid in clients}
-        replies = self._send(engine, MessageType.TRAIN, round, messages)
-        device = module_device(engine.model)
-        for cid in clients:
+    def train(self, work: Work) -> Iterator[Outcome]:
+        messages = {cid: work.message(cid) for cid in work.clients}
+        replies = self._send(work, MessageType.TRAIN, work.round, messages)
+        device = module_device(work.model)
+        for cid in work.clients:
             reply = replies[cid]
             if isinstance(reply, str):
                 yield cid, messages[cid], ClientFailedError(f"client {cid} (node {self.nodes[cid]}): {reply}")
@@ -187,20 +188,19 @@ class FlowerExecutor(Executor):
             yield cid, messages[cid], result
 
     # ------------------------------------------------------------------------------ evaluate
-    def evaluate(self, engine: Engine, clients: list[int]) -> Evaluation:
-        personal = engine.strategy.personal_names(engine.model)
-        weights = {"weights": shared_state(engine.model, exclude=personal)}
-        replies = self._send(engine, MessageType.EVALUATE, -1, dict.fromkeys(clients, weights))
-        merged = engine.metrics()
+    def evaluate(self, work: Work) -> Evaluation:
+        personal = work.strategy.personal_names(work.model)
+        weights = {"weights": shared_state(work.model, exclude=personal)}
+        replies = self._send(work, MessageType.EVALUATE, -1, dict.fromkeys(work.clients, weights))
+        merged = work.metrics()
         per: dict[int, dict[str, float]] = {}
-        assert engine.task is not None
-        for cid in clients:
+        for cid in work.clients:
             reply = replies[cid]
             if isinstance(reply, str):
                 node = self.nodes[cid]
                 raise RunError(f"flower: client {cid} (node {node}) could not be evaluated: {reply}")
             tensors = record_to_tensors(reply.content.array_records[EVAL_STATE])
-            metrics = TaskMetrics.from_state_tensors(engine.task, engine.num_classes, tensors)
+            metrics = TaskMetrics.from_state_tensors(merged.task, merged.num_classes, tensors)
             per[cid] = metrics.compute()
             merged.merge(metrics)
         return per, merged

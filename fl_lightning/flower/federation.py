@@ -10,19 +10,21 @@ Trainer (:func:`load_federation`) and trains its own partition.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch import Trainer
 
-from fl_lightning.api.client import ClientModule
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.data.federated import FederatedDataModule
+from fl_lightning.engine.executors import Sequential
 from fl_lightning.engine.local import cpu_threads
+from fl_lightning.engine.work import Executor
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import FederatedModule
 
@@ -41,7 +43,8 @@ class Federation:
     Attributes:
         path: The YAML config it was built from.
         module: The server module (global model ``module.client``, ``module.strategy``, ``module.engine``,
-            set up with the data's clients).
+            set up with the data's clients, the node's precision plugin and a one-client-at-a-time
+            executor: the ClientApp runs the engine's client path).
         data: The federated data, set up (every client's partition, the global test set).
         device: Where clients train.
     """
@@ -50,18 +53,16 @@ class Federation:
     module: FederatedModule
     data: FederatedDataModule
     device: torch.device
-    _worker: ClientModule | None = field(default=None, repr=False)
 
     @property
     def num_clients(self) -> int:
         return self.data.num_clients
 
     @property
-    def worker(self) -> ClientModule:
-        """The client module every client of this process trains in turn (a copy of the initial model)."""
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.module.client).to(self.device)
-        return self._worker
+    def executor(self) -> Executor:
+        """The engine's executor, which runs the node's clients one at a time."""
+        assert self.module.engine.executor is not None
+        return self.module.engine.executor
 
 
 def resolve_config(config: str | Path, root: str | Path | None = None) -> Path:
@@ -101,6 +102,38 @@ def load_run(
     return _parse(FederatedCLI, resolve_config(config, root), overrides)
 
 
+def node_precision(precision: Any, device: torch.device) -> Any:
+    """The Lightning precision plugin of ``trainer.precision`` on ``device``, as ``fit`` builds it there.
+
+    Lightning's own choice (a one-device Trainer is made for it and dropped, its info lines muted), so a
+    node trains and evaluates its clients as ``fit`` would on its device.
+
+    Raises:
+        ConfigError: One line, for a precision that cannot apply on this node.
+    """
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        trainer = Trainer(
+            accelerator="gpu" if device.type == "cuda" else "cpu",
+            devices=1,
+            precision=precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+    except Exception as err:  # e.g. a plugin whose package the node lacks
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            f"flower: trainer.precision={precision!r} cannot apply on this node ({first})"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+    return trainer.precision_plugin
+
+
 def load_federation(
     config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None
 ) -> Federation:
@@ -108,7 +141,8 @@ def load_federation(
 
     Seeds the process's global RNGs with the config's ``seed_everything`` first, as ``fit`` does, so
     the initial global model equals that of ``python -m fl_lightning fit --config <config>``, and sets the
-    engine up on the data's clients (its checks run here too).
+    engine up on the data's clients with the config's ``trainer.precision`` (:func:`node_precision`) and
+    a :class:`~fl_lightning.engine.executors.Sequential` executor (its checks run here too).
 
     Raises:
         ConfigError: One line, for a missing file or a bad value (the CLI's own message).
@@ -123,7 +157,8 @@ def load_federation(
     module._check_model(data)  # the config errors `fit` gives for a model that does not fit the data
     local = module.engine.config.local
     local.batch_size, local.eval_batch_size = data.batch_size, data.eval_batch_size
-    module.engine.setup(data.clients, data.task, data.num_classes)
+    precision = node_precision(cli.config.get("trainer.precision"), device)
+    module.engine.setup(data.clients, data.task, data.num_classes, precision, Sequential())
     module.client.to(device)
     module.strategy.to(device)
     if device.type == "cpu":

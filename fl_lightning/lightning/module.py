@@ -25,7 +25,7 @@ from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
 from fl_lightning.engine.attack import SimulatedAttack, as_attack
-from fl_lightning.engine.executors import Executor
+from fl_lightning.engine.executors import Executor, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
 from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
 from fl_lightning.engine.state import ClientStateStore
@@ -237,7 +237,8 @@ class FederatedModule(LightningModule):
         local = self.engine.config.local
         local.batch_size, local.eval_batch_size = dm.batch_size, dm.eval_batch_size
         self.engine.model, self.engine.strategy = self.client, self.strategy  # as set on the module now
-        self.engine.setup(dm.clients, dm.task, dm.num_classes, self.trainer.precision_plugin, self._executor)
+        executor = self._executor or default_executor(local)  # inside a process group: its share
+        self.engine.setup(dm.clients, dm.task, dm.num_classes, self.trainer.precision_plugin, executor)
         self.global_metrics = Task(dm.task).metrics(dm.num_classes)
         self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
 

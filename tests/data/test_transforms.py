@@ -281,9 +281,7 @@ def test_vectorised_gather_draws_the_noise_of_the_sequential_batches():
     gens = [_gen(i) for i in range(4)]
     idx = [c.train_idx[: 5 + i] for i, c in enumerate(dm.clients)]
     counts = [len(i) for i in idx]
-    x, y, weight, _ = vectorized._stacked_batch(
-        idx, counts, dm.clients[0].x, dm.clients[0].y, None, 0, (dm.clients, gens)
-    )
+    x, y, weight, _ = vectorized._stacked_batch(idx, counts, dm.clients, gens, None, 0)
     for k, c in enumerate(dm.clients):
         ref_x, ref_y = c.take(idx[k], _gen(k))
         torch.testing.assert_close(x[k, : counts[k]], ref_x)

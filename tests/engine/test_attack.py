@@ -1,39 +1,18 @@
-"""model.attack: simulated malicious clients drawn from the run seed, applied by the loop to any strategy."""
+"""fl_lightning.engine.attack: the run's one simulated attack (``model.attack`` or the ``Attack`` plug-in),
+drawn from the run seed, applied by the engine at one point of the round to any strategy."""
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from fl_lightning.api import StrategyWrapper
 from fl_lightning.data import IID
-from fl_lightning.engine.attack import SimulatedAttack, as_attack
+from fl_lightning.engine.attack import SimulatedAttack, as_attack, declared_attacks, run_attack
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.robust import malicious_clients
-from fl_lightning.strategies import Attack, FedAvg, Median
+from fl_lightning.strategies import Attack, FedAvg, FedProx, Median
 
 from conftest import global_weights, make_data, make_engine, make_module, make_trainer
-
-
-def test_a_malicious_client_sends_the_flipped_or_scaled_update_of_its_weights_only():
-    sent = {"weights": {"w": torch.tensor([1.0, 2.0])}, "controls": {"c": torch.tensor([5.0])}}
-    upload = {"weights": {"w": torch.tensor([2.0, 0.0])}, "controls": {"c": torch.tensor([7.0])}}
-    # Delta = (1, -2); sign_flip, s=3: w^t - 3 Delta = (-2, 8); scale, s=3: w^t + 3 Delta = (4, -4)
-    for attack, expected in [
-        (SimulatedAttack("sign_flip", scale=3.0), [-2.0, 8.0]),
-        (SimulatedAttack("scale", scale=3.0), [4.0, -4.0]),
-        (SimulatedAttack("sign_flip"), [0.0, 4.0]),
-    ]:
-        out = attack.apply(upload, sent)
-        assert torch.equal(out["weights"]["w"], torch.tensor(expected)), attack
-        assert out["controls"] is upload["controls"]  # other groups are sent as they are
-
-
-def test_the_attackers_are_a_fixed_draw_from_the_run_seed():
-    attack = SimulatedAttack(fraction=0.3)
-    bad = attack.malicious(10, seed=0)
-    assert len(bad) == 3 and bad == attack.malicious(10, seed=0) == malicious_clients(10, 0.3, 0)
-    assert len({attack.malicious(10, seed=s) for s in range(6)}) > 1  # another seed, other clients
-    assert SimulatedAttack(fraction=0.0).malicious(10, 0) == frozenset()
-    assert SimulatedAttack(fraction=1.0).malicious(10, 0) == frozenset(range(10))
 
 
 @pytest.mark.parametrize(
@@ -103,3 +82,50 @@ def test_resume_with_an_attack_is_exact(tmp_path):
     )
     a, b = global_weights(full), global_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_run_attack_is_model_attack_or_the_plug_in_nested_anywhere():
+    attack = SimulatedAttack("scale", 0.4, 3.0)
+    assert run_attack(None, FedAvg()) is None
+    assert run_attack(attack, Median(FedAvg())) == ("model.attack", attack)
+    nested = Median(Attack(FedProx(mu=0.1), fraction=0.4, kind="scale", scale=3.0))
+    assert declared_attacks(nested) == [("Attack", attack)]
+    assert run_attack(None, nested) == ("model.strategy (Attack)", attack)
+
+
+@pytest.mark.parametrize(
+    ("configured", "strategy"),
+    [
+        (SimulatedAttack(), lambda: Attack(FedAvg())),
+        (None, lambda: Attack(Attack(FedAvg()))),
+    ],
+)
+def test_two_attacks_in_one_run_are_one_line(configured, strategy):
+    with pytest.raises(ConfigError, match="both simulate an attack; keep one") as err:
+        make_engine(strategy(), num_clients=5, attack=configured)
+    assert "\n" not in str(err.value)
+
+
+class Halve(StrategyWrapper):
+    """A client-side plug-in after the base: it sends half its update (``w^t + Delta_k / 2``)."""
+
+    def process_upload(self, upload, ctx):
+        upload = self.base.process_upload(upload, ctx)
+        sent = ctx.message["weights"]
+        return {**upload, "weights": {n: (t + sent[n]) / 2 for n, t in upload["weights"].items()}}
+
+
+def _engine_weights(strategy, attack=None, rounds=2):
+    engine = make_engine(strategy, num_clients=5, attack=attack)
+    for r in range(rounds):
+        engine.run_round(r)
+    return {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+
+
+def test_the_attack_replaces_the_upload_after_the_whole_process_upload_chain_however_it_is_nested():
+    """One place in the round: the plug-in inside Halve attacks what Halve sent, as model.attack does."""
+    attack = {"kind": "sign_flip", "fraction": 0.4, "scale": 4.0}
+    top = _engine_weights(Halve(FedAvg()), as_attack(attack))
+    nested = _engine_weights(Halve(Attack(FedAvg(), **attack)))
+    assert _same(top, nested)
+    assert not _same(top, _engine_weights(Halve(FedAvg())))

@@ -10,7 +10,7 @@ from fl_lightning.api.client import ClientModule, merge_train_states
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.cli import main
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine import Engine, EngineConfig, LocalConfig
+from fl_lightning.engine import Engine, EngineConfig, LocalConfig, Sequential
 from fl_lightning.engine.round import num_sampled
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.functional.sampling import sample_clients
@@ -236,7 +236,7 @@ def test_round_train_metrics_pool_the_samples_of_all_clients():
     engine = Engine(
         RecordingClient(nn.Linear(4, 3), lr=0.1), FedAvg(), EngineConfig(LocalConfig(8, local_steps=3))
     )
-    engine.setup(clients, "multiclass", 3)
+    engine.setup(clients, "multiclass", 3, executor=Sequential())
     res = engine.run_round(0).result
     worker = engine.worker
 

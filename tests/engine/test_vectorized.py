@@ -12,6 +12,7 @@ from torch import nn
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.strategy import StrategyWrapper
 from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.data.federated import ClientData
 from fl_lightning.engine import vectorized
 from fl_lightning.engine.vectorized import StackedWorker, group_size, stack_payloads, stack_states
 from fl_lightning.errors import ConfigError
@@ -130,7 +131,7 @@ def _assert_same(seq, vec, atol: float = ATOL) -> None:
 
 def _vectorised(module) -> bool:
     """The run trained stacked groups and never fell back."""
-    return module.engine.executor.counts["vectorised"] > 0 and not module.engine.notices
+    return module.engine.executor.counts["vectorised"] > 0 and not module.engine.executor.notices
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -236,9 +237,11 @@ def test_padding_to_the_batch_size_masks_the_padding_out(monkeypatch):
     worker = ClientModule(_net("mlp"), lr=0.1)
     stack = StackedWorker(worker, 2)
     x_all, y_all = torch.randn(20, 1, 8, 8), torch.randint(0, 10, (20,))
+    data = ClientData(0, x_all, y_all, torch.arange(20), torch.empty(0, dtype=torch.long))
     idx, counts = [torch.arange(3), torch.arange(5, 10)], [3, 5]
-    short = vectorized._stacked_batch(idx, counts, x_all, y_all, None)
-    wide = vectorized._stacked_batch(idx, counts, x_all, y_all, None, width=8)
+    gens = [torch.Generator(), torch.Generator()]
+    short = vectorized._stacked_batch(idx, counts, [data, data], gens, None)
+    wide = vectorized._stacked_batch(idx, counts, [data, data], gens, None, width=8)
     assert short[0].shape[1] == 5 and wide[0].shape[1] == 8 and wide[2].sum(1).tolist() == [3, 5]
     a, b = stack.training_step(short, 0), stack.training_step(wide, 0)
     torch.testing.assert_close(a["loss"], b["loss"])

@@ -1,5 +1,6 @@
 """The Flower path in one process (an in-process Grid, no Ray): the ServerApp fits the config as ``fit``
-does, with the clients' work on the grid's nodes through FlowerExecutor and the ClientApp."""
+does, with the clients' work on the grid's nodes through FlowerExecutor and the ClientApp; and
+FlowerExecutor alone, on a hand-made Work and a fake grid (no Engine, no ClientApp)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,35 @@ pytest.importorskip("flwr")
 
 import torch
 from flower_helpers import RECIPE, SCAFFOLD, LocalGrid, fit_run, max_diff
-from flwr.app import MessageType
+from flwr.app import Error, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from torch import nn
 
-from fl_lightning.errors import ConfigError
+from fl_lightning.api.client import ClientModule
+from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.types import ClientResult
+from fl_lightning.data.federated import ClientData
+from fl_lightning.engine.local import LocalConfig
+from fl_lightning.engine.work import Work
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.flower import FlowerExecutor, client_app, fit_on_grid, load_federation
-from fl_lightning.flower.records import CLIENT_STATE, CONFIG
+from fl_lightning.flower.executor import ClientFailedError, cid_of, node_answer
+from fl_lightning.flower.records import (
+    CLIENT_STATE,
+    CONFIG,
+    EVAL_STATE,
+    METRICS,
+    TRAIN_STATE,
+    metrics_to_record,
+    payload_to_records,
+    records_to_payload,
+    tensors_to_record,
+    train_state_to_record,
+)
 from fl_lightning.functional.sampling import sample_clients
+from fl_lightning.functional.tensor import shared_state
 from fl_lightning.runs import read_scalars, read_summary
+from fl_lightning.strategies import FedAvg, FedPer
 
 
 @pytest.fixture(autouse=True)
@@ -154,3 +176,169 @@ def test_resuming_a_run_whose_nodes_kept_client_state_is_refused(tmp_path):
             ckpt_path=str(last),
             wait_for_nodes=1,
         )
+
+
+def test_trainer_precision_applies_on_the_nodes(tmp_path):
+    """The ClientApp runs the engine's client path with the run's trainer.precision (bf16 autocast on the
+    CPU here): the Flower run equals fit's bf16 run, which differs from the fp32 run."""
+    bf16 = ["--trainer.precision=bf16-mixed"]
+    module, _ = _run(tmp_path / "flower", bf16)
+    fit = fit_run(tmp_path / "fit", overrides=bf16)
+    assert max_diff(dict(module.client.state_dict()), dict(fit.client.state_dict())) == 0.0
+    fp32 = fit_run(tmp_path / "fp32")
+    assert max_diff(dict(fit.client.state_dict()), dict(fp32.client.state_dict())) > 0
+
+
+# ------------------------------------------------------------------------ FlowerExecutor without an Engine
+class FakeGrid:
+    """A Grid whose nodes run nothing: queries get each node's partition, other messages ``reply(msg)``
+    (None: no reply)."""
+
+    def __init__(self, num_nodes: int, reply) -> None:
+        self.partitions = {1000 + p: p for p in range(num_nodes)}
+        self.reply = reply
+        self.sent: list[Message] = []
+        self.turns: list[list[Message]] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.partitions)
+
+    def send_and_receive(self, messages, timeout=None) -> list[Message]:
+        messages = list(messages)
+        self.turns.append(messages)
+        replies = []
+        for msg in messages:
+            self.sent.append(msg)
+            if msg.metadata.message_type == MessageType.QUERY:
+                pid = self.partitions[msg.metadata.dst_node_id]
+                replies.append(node_answer(pid, len(self.partitions), msg))
+            elif (reply := self.reply(msg)) is not None:
+                replies.append(reply)
+        return replies
+
+
+def _unused(*_):
+    raise AssertionError("the Flower executor trains nothing in this process")
+
+
+def _work(strategy=None, round: int = 2, clients=(0, 1, 2, 3)) -> Work:
+    """A hand-made round of 4 clients of 5 samples (no Engine, no Trainer)."""
+    torch.manual_seed(0)
+    model = ClientModule(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3)))
+    strategy = strategy or FedAvg()
+    strategy.setup(model, 4)
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    rows = [torch.arange(5 * c, 5 * c + 5) for c in range(4)]
+    data = [ClientData(c, x, y, rows[c], rows[c][:2]) for c in range(4)]
+    sent = {"weights": shared_state(model)}
+    return Work(
+        round=round,
+        clients=tuple(clients),
+        strategy=strategy,
+        model=model,
+        data=data,
+        message=lambda cid: sent,
+        state=_unused,
+        local=LocalConfig(8),
+        precision=None,
+        worker=_unused,
+        metrics=lambda: TaskMetrics("multiclass", 3),
+    )
+
+
+def _train_reply(msg: Message, state_bytes: int = 0) -> Message:
+    """What a node's ClientApp replies: the upload (the weights sent + client id), metrics and states."""
+    cid = cid_of(msg)
+    upload = {g: {n: t + cid for n, t in ts.items()} for g, ts in records_to_payload(msg.content).items()}
+    metrics = {"train_loss": 0.5 + cid, "bytes_down": 100, "bytes_up": 200 + cid, "state_bytes": state_bytes}
+    train_state = {"train_loss": {"mean_value": torch.tensor(float(cid)), "weight": torch.tensor(2.0)}}
+    content = RecordDict(
+        {
+            **payload_to_records(upload),
+            METRICS: metrics_to_record(metrics, 10 + cid),
+            TRAIN_STATE: train_state_to_record(train_state),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+def test_flower_executor_turns_each_reply_into_the_client_result():
+    grid = FakeGrid(4, _train_reply)
+    executor = FlowerExecutor(grid, wait_for_nodes=1)
+    work = _work()
+    outcomes = list(executor.train(work))
+    assert [cid for cid, _, _ in outcomes] == [0, 1, 2, 3]
+    assert executor.nodes == {c: 1000 + c for c in range(4)}
+    weights = work.message(0)["weights"]
+    for cid, message, res in outcomes:
+        assert message is work.message(cid) and isinstance(res, ClientResult)
+        assert res.client_id == cid and res.num_samples == 10 + cid and res.state is None  # kept on the node
+        assert res.metrics == {"train_loss": 0.5 + cid}
+        assert (res.bytes_down, res.bytes_up) == (100, 200 + cid)
+        assert all(torch.equal(res.upload["weights"][n], t + cid) for n, t in weights.items())
+        assert float(res.train_state["train_loss"]["mean_value"]) == cid
+    trained = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert [(cid_of(m), m.content.config_records[CONFIG]["round"], m.metadata.group_id) for m in trained] == [
+        (c, 2, "2") for c in range(4)
+    ]
+    assert executor.counts == {"sequential": 4, "vectorised": 0} and not executor.state_held
+    assert executor.share(work) == [0, 1, 2, 3] and executor.gather(work, None, None) == {}  # type: ignore[arg-type]
+
+
+def test_a_node_that_keeps_client_state_is_reported():
+    executor = FlowerExecutor(FakeGrid(4, lambda m: _train_reply(m, state_bytes=16)), wait_for_nodes=1)
+    list(executor.train(_work(clients=(1,))))
+    assert executor.state_held
+
+
+def test_an_error_reply_or_none_is_that_client_failure_and_the_others_go_on():
+    def reply(msg):
+        cid = cid_of(msg)
+        if cid == 1:
+            return Message(Error(code=0, reason="RuntimeError: boom"), reply_to=msg)
+        return None if cid == 2 else _train_reply(msg)
+
+    executor = FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1)
+    outcomes = {cid: res for cid, _, res in executor.train(_work())}
+    assert isinstance(outcomes[0], ClientResult) and isinstance(outcomes[3], ClientResult)
+    assert isinstance(outcomes[1], ClientFailedError) and isinstance(outcomes[2], ClientFailedError)
+    assert str(outcomes[1]) == "client 1 (node 1001): RuntimeError: boom"
+    assert str(outcomes[2]) == "client 2 (node 1002): no reply"
+
+
+def test_the_clients_of_a_node_go_out_in_turns():
+    grid = FakeGrid(2, _train_reply)
+    executor = FlowerExecutor(grid, wait_for_nodes=1)
+    assert [cid for cid, _, _ in executor.train(_work())] == [0, 1, 2, 3]
+    assert executor.nodes == {0: 1000, 1: 1001, 2: 1000, 3: 1001}
+    trains = [t for t in grid.turns if t[0].metadata.message_type == MessageType.TRAIN]
+    assert [[cid_of(m) for m in t] for t in trains] == [[0, 1], [2, 3]]
+
+
+def _eval_reply(msg: Message) -> Message:
+    """A node's evaluate reply: the metric states of two predictions of class ``cid``, one of them right
+    for client 1, both for client 2."""
+    cid = cid_of(msg)
+    metrics = TaskMetrics("multiclass", 3)
+    metrics.update(torch.eye(3)[[cid, cid]] * 5, torch.tensor([cid, 0 if cid == 1 else cid]))
+    return Message(RecordDict({EVAL_STATE: tensors_to_record(metrics.state_tensors())}), reply_to=msg)
+
+
+def test_evaluate_sends_the_shared_weights_and_merges_the_nodes_metric_states():
+    grid = FakeGrid(4, _eval_reply)
+    work = _work(FedPer(head=1), round=-1, clients=(1, 2))
+    per, merged = FlowerExecutor(grid, wait_for_nodes=1).evaluate(work)
+    sent = [m for m in grid.sent if m.metadata.message_type == MessageType.EVALUATE]
+    assert [cid_of(m) for m in sent] == [1, 2]
+    assert set(records_to_payload(sent[0].content)["weights"]) == {"net.0.weight", "net.0.bias"}  # no head
+    assert per[1]["acc"] == pytest.approx(0.5) and per[2]["acc"] == pytest.approx(1.0)
+    assert merged.compute()["acc"] == pytest.approx(0.75)
+
+
+def test_a_client_that_cannot_be_evaluated_is_one_run_error():
+    def reply(msg):
+        return Message(Error(code=0, reason="ValueError: bad"), reply_to=msg)
+
+    line = r"flower: client 0 \(node 1000\) could not be evaluated: ValueError: bad"
+    with pytest.raises(RunError, match=line):
+        FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1).evaluate(_work(round=-1, clients=(0,)))

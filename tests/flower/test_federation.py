@@ -6,11 +6,14 @@ import pytest
 
 pytest.importorskip("flwr")
 
+import torch
 from flower_helpers import RECIPE
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
+from fl_lightning.engine.executors import Sequential
 from fl_lightning.errors import ConfigError
 from fl_lightning.flower import load_federation, require_flwr
-from fl_lightning.flower.federation import cached_federation
+from fl_lightning.flower.federation import cached_federation, node_precision
 
 
 def test_a_missing_config_is_one_line(tmp_path):
@@ -53,3 +56,19 @@ def test_a_missing_extra_names_the_install_command():
         require_flwr("flwr>=999")
     assert "pip install 'fl_lightning[flwr]'" in str(err.value) and "\n" not in str(err.value)
     require_flwr()  # installed here
+
+
+def test_a_node_engine_has_the_run_precision_and_runs_clients_one_at_a_time():
+    fed = load_federation(RECIPE, ["--trainer.precision=bf16-mixed", "--model.vectorize=2"])
+    precision = fed.module.engine.precision
+    assert isinstance(precision, MixedPrecision) and precision.precision == "bf16-mixed"
+    assert type(fed.executor) is Sequential and fed.executor is fed.module.engine.executor
+    assert type(load_federation(RECIPE).module.engine.precision) is Precision  # 32-true, as fit's
+
+
+def test_node_precision_is_lightnings_choice_or_one_line():
+    assert node_precision("bf16-true", torch.device("cpu")).precision == "bf16-true"
+    with pytest.raises(ConfigError) as err:
+        node_precision("fp8", torch.device("cpu"))
+    assert str(err.value).startswith("flower: trainer.precision='fp8' cannot apply on this node (")
+    assert "\n" not in str(err.value)

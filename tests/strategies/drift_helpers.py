@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine import ClientStateStore, Engine, EngineConfig, LocalConfig
+from fl_lightning.engine import ClientStateStore, Engine, EngineConfig, LocalConfig, Sequential
 from fl_lightning.strategies import Strategy
 
 from conftest import global_weights, make_data, make_trainer
@@ -80,7 +80,7 @@ def run_rounds(
     model = least_squares_module(dim, lr)
     local = LocalConfig(batch_size=max(c.num_samples for c in clients), local_steps=local_steps, seed=0)
     engine = Engine(model, strategy, EngineConfig(local, participation=participation))
-    engine.setup(clients, "multiclass", 1)
+    engine.setup(clients, "multiclass", 1, executor=Sequential())
     for t in range(rounds):
         engine.run_round(t)
     return model, engine.store

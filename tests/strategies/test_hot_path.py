@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fl_lightning.api.client import ClientModule
-from fl_lightning.engine import Engine, EngineConfig, LocalConfig
+from fl_lightning.engine import Engine, EngineConfig, LocalConfig, Sequential
 from fl_lightning.models import MLP
 from fl_lightning.strategies import (
     FedCM,
@@ -97,7 +97,7 @@ def _calls_per_run(make: Callable[[], Strategy], depth: int) -> Counter[str]:
     dm = make_data(num_clients=2, batch_size=8)
     dm.setup("fit")
     engine = Engine(model, strategy, EngineConfig(LocalConfig(batch_size=8, local_steps=3, seed=0)))
-    engine.setup(dm.clients, dm.task, dm.num_classes)
+    engine.setup(dm.clients, dm.task, dm.num_classes, executor=Sequential())
     engine.worker.counter = counter
     with counter:
         for t in range(2):  # the second round has client state (duals, control variates, mu)

@@ -6,7 +6,7 @@ message carried), computed on the server from every upload kept by a
 :class:`~fl_lightning.api.aggregation.BufferedAggregator`; the aggregate handed to the base's
 ``server_update`` is ``w^t + robust(Delta_1..Delta_K)``. Other payload groups (control variates, duals)
 keep the base's weighted mean. Test a defence with ``model.attack`` (simulated malicious clients, any
-strategy) or nest :class:`Attack`: ``Median(Attack(FedAvg(), fraction=0.4))``.
+strategy) or nest :class:`Attack`, which declares the same attack: ``Median(Attack(FedAvg(), fraction=0.4))``.
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ from torch import Tensor, nn
 
 from fl_lightning.api import (
     BufferedAggregator,
-    ClientContext,
     Entry,
     Payload,
+    SimulatedAttack,
     Strategy,
     StrategyWrapper,
     register_strategy,
 )
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.robust import (
-    attack_update,
     clip_norms,
     coordinate_median,
     krum,
-    malicious_clients,
     stack_flat,
     trimmed_mean,
     unflatten,
@@ -216,13 +214,15 @@ class NormBounded(RobustWrapper):
 class Attack(StrategyWrapper):
     """Attack simulation as a plug-in: a fixed fraction of clients upload manipulated weights.
 
-    The same attack as ``model.attack`` (which needs no nesting and is the usual way): the
-    ``round(fraction * num_clients)`` malicious clients are drawn from the run seed (``ctx.seed``,
-    i.e. ``seed_everything``) by :func:`~fl_lightning.functional.robust.malicious_clients`; each
-    replaces its update ``Delta_k = w_k - w^t`` (``w^t``: the weights it was sent) by ``-scale * Delta_k``
-    (``"sign_flip"``) or ``scale * Delta_k`` (``"scale"``) in :meth:`process_upload`, after the base's
-    (:func:`~fl_lightning.functional.robust.attack_update`). Nest it to attack inside a chosen wrapper,
-    e.g. ``Median(Attack(FedAvg()))``.
+    Another spelling of ``model.attack`` (which needs no nesting and is the usual way), for a config that
+    keeps the attack with the strategy, e.g. ``Median(Attack(FedAvg()))``. The plug-in only declares the
+    attack (:attr:`attack`, a :class:`~fl_lightning.api.SimulatedAttack` checked once); the engine finds it
+    at setup and applies it where it applies ``model.attack``: to what a malicious client sends, after its
+    whole ``process_upload`` chain, wherever the plug-in is nested. The ``round(fraction * num_clients)``
+    malicious clients are drawn from the run seed (``seed_everything``); each replaces its update
+    ``Delta_k = w_k - w^t`` (``w^t``: the weights it was sent) by ``-scale * Delta_k`` (``"sign_flip"``) or
+    ``scale * Delta_k`` (``"scale"``). A run declares at most one attack (``model.attack`` and this plug-in
+    together are a one-line error).
 
     Args:
         base: The wrapped strategy (default FedAvg).
@@ -232,7 +232,7 @@ class Attack(StrategyWrapper):
     """
 
     name = "attack"
-    vectorizable = True  # the manipulation is in process_upload, per client
+    vectorizable = True  # no client hooks of its own: the engine applies the attack to the upload
 
     def __init__(
         self,
@@ -242,25 +242,24 @@ class Attack(StrategyWrapper):
         scale: float = 1.0,
     ) -> None:
         super().__init__(FedAvg() if base is None else base)
-        check_number(fraction, "model.strategy.fraction", low=0, high=1, hint="(share of malicious clients)")
-        if kind not in ("sign_flip", "scale"):
-            raise ConfigError(f"model.strategy.kind={kind!r} must be 'sign_flip' or 'scale'")
-        check_number(scale, "model.strategy.scale", low=0, low_open=True, hint="e.g. 1.0 or 10")
-        self.fraction, self.kind, self.scale = fraction, kind, scale
-        self._malicious: tuple[int, frozenset[int]] | None = None  # (seed, clients), drawn once per seed
+        self.attack = SimulatedAttack(kind, fraction, scale)
+        self.attack.check("model.strategy")
+
+    @property
+    def fraction(self) -> float:
+        return self.attack.fraction
+
+    @property
+    def kind(self) -> str:
+        return self.attack.kind
+
+    @property
+    def scale(self) -> float:
+        return self.attack.scale
 
     def malicious(self, seed: int) -> frozenset[int]:
         """The malicious client ids for run seed ``seed`` (after :meth:`setup`)."""
-        if self._malicious is None or self._malicious[0] != seed:
-            self._malicious = (seed, malicious_clients(self.num_clients, self.fraction, seed))
-        return self._malicious[1]
-
-    def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
-        upload = self.base.process_upload(upload, ctx)
-        if ctx.client_id not in self.malicious(ctx.seed) or "weights" not in upload:
-            return upload
-        factor = -self.scale if self.kind == "sign_flip" else self.scale
-        return {**upload, "weights": attack_update(upload["weights"], ctx.message.get("weights", {}), factor)}
+        return self.attack.malicious(self.num_clients, seed)
 
     def extra_repr(self) -> str:
         return f"fraction={self.fraction}, kind={self.kind}, scale={self.scale}"

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from fl_lightning.api import SimulatedAttack
 from fl_lightning.api.aggregation import BufferedAggregator
 from fl_lightning.api.types import ClientContext
 from fl_lightning.data import IID
@@ -83,20 +84,22 @@ def test_other_groups_keep_the_weighted_mean():
     assert torch.allclose(means["weights"]["weight"], torch.tensor([[3.0, 0.0]]) + 1)
 
 
-def test_attack_flips_or_scales_the_update_of_the_clients_chosen_by_the_run_seed_only():
+def test_attack_declares_the_flip_or_scale_of_the_clients_chosen_by_the_run_seed_only():
+    """The plug-in holds one SimulatedAttack, which the engine applies; its process_upload is the base's."""
     for seed in (0, 1):
         bad = malicious_clients(10, 0.4, seed)
         assert len(bad) == 4 and bad == malicious_clients(10, 0.4, seed)
-        good = next(c for c in range(10) if c not in bad)
         for kind, factor in [("sign_flip", -3.0), ("scale", 3.0)]:
-            attack = Attack(FedAvg(), fraction=0.4, kind=kind, scale=3.0)
-            attack.setup(nn.Linear(1, 1), 10)
+            plugin = Attack(FedAvg(), fraction=0.4, kind=kind, scale=3.0)
+            plugin.setup(nn.Linear(1, 1), 10)
+            assert plugin.attack == SimulatedAttack(kind, 0.4, 3.0) and plugin.malicious(seed) == bad
+            assert (plugin.fraction, plugin.kind, plugin.scale) == (0.4, kind, 3.0)
             sent = {"weights": {"w": torch.tensor([1.0, 2.0])}}
             upload = {"weights": {"w": torch.tensor([2.0, 0.0])}}
-            for cid, f in [(min(bad), factor), (good, 1.0)]:
-                ctx = ClientContext(cid, 0, sent, {}, 10, 1, 0.1, attack, seed=seed)
-                out = attack.process_upload(upload, ctx)["weights"]["w"]
-                assert torch.allclose(out, torch.tensor([1.0, 2.0]) + f * torch.tensor([1.0, -2.0]))
+            out = plugin.attack.apply(upload, sent)["weights"]["w"]
+            assert torch.allclose(out, torch.tensor([1.0, 2.0]) + factor * torch.tensor([1.0, -2.0]))
+            ctx = ClientContext(min(bad), 0, sent, {}, 10, 1, 0.1, plugin, seed=seed)
+            assert plugin.process_upload(upload, ctx) is upload  # the engine applies it, in one place
     assert malicious_clients(10, 0.4, 0) != malicious_clients(10, 0.4, 1)
 
 
