@@ -1,9 +1,9 @@
-"""The CLI's one-line messages: "did you mean", jsonargparse's errors and Lightning's Trainer errors."""
+"""A config's one-line messages (config/errors.py): "did you mean", jsonargparse's and Lightning's errors."""
 
 import pytest
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from fl_lightning.cli_errors import (
+from fl_lightning.config.errors import (
     class_options,
     close_names,
     close_options,
