@@ -253,8 +253,9 @@ def test_the_hparams_tab_shows_the_config_and_the_summary_numbers(tmp_path):
         "--data.partition=IID",
     )
     run = tmp_path / "lightning_logs" / "version_0"
-    params, metric_tags, _ = _hparams_plugin(run)
+    params, metric_tags, shown = _hparams_plugin(run)
     assert params["model.strategy"] == "FedProx" and params["model.strategy.mu"] == 0.25
+    assert shown[:3] == ["model.strategy", "model.strategy.mu", "model.strategy.server_lr"]  # not hidden
     assert params["model.participation"] == 0.5 and params["model.local_steps"] == 1
     assert params["model.client.lr"] == pytest.approx(0.1) and params["data.partition"] == "IID"
     assert params["data.num_clients"] == 4 and params["seed_everything"] == 0
