@@ -37,7 +37,8 @@ DESCRIPTION = (
 #: What each subcommand does (Lightning's describe its Trainer methods).
 SUBCOMMANDS = {
     "fit": "Train: one training step is one federated round (trainer.max_steps rounds); --ckpt_path resumes.",
-    "validate": "Evaluate a checkpoint's global model on the validation split (global/*).",
+    "validate": "Evaluate a checkpoint's global model on the validation split (global/*; the test set when "
+    "data.val_fraction is 0).",
     "test": "Evaluate a checkpoint's global model on the test set (test/*).",
     "predict": "Write a checkpoint's global-model predictions on the test set to predictions.csv.",
 }
