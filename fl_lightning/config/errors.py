@@ -1,4 +1,4 @@
-"""One-line messages for the CLI's bad input: jsonargparse's parse errors, Lightning's Trainer errors.
+"""One-line messages for bad config input: jsonargparse's parse errors, Lightning's Trainer errors.
 
 Each message names the field as it is spelled in a YAML config (``model.client.lr``, ``trainer.max_steps``)
 and says what to do; where a given name or option is close to a known one, it asks "did you mean ...?"
