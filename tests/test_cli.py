@@ -74,7 +74,7 @@ def test_help_reads_as_typed_and_leaves_out_the_flags_a_federated_round_refuses(
     for flag in ("max_epochs", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm"):
         assert f"--trainer.{flag}" not in text and flag in refused
     assert "--trainer.max_steps" in text and "--model.strategy" in text and "--data.partition" in text
-    assert len(text.splitlines()) < 450  # 750 when it listed every option in its usage line
+    assert len(text.splitlines()) < 500  # 750 when it listed every option in its usage line
     with pytest.raises(SystemExit):
         main(["--help"])
     top = capsys.readouterr().out
