@@ -237,3 +237,33 @@ def test_a_user_strategy_is_named_by_its_class_name_once_its_module_is_imported(
     assert code == 0 and "class_path: my_user_strategies.UserProx" in out and "mu: 0.5" in out
     assert "UserProx" in list_strategies() and get_strategy("userprox", mu=0.2).mu == 0.2
     assert type(get_strategy("my_user_strategies.UserProx")).__name__ == "UserProx"  # by class path too
+
+
+# ------------------------------------------------------------------------------ the vectorisation declaration
+def test_vectorisation_is_one_declaration_per_class_read_along_the_wrapper_chain():
+    from fl_lightning.api.strategy import Vectorizable, cannot_vectorize, vector_scratch
+    from fl_lightning.strategies import FedCOG, FedDC, FedGamma, FedNova, FedPer, FedSMOO, Median
+
+    net = nn.Linear(2, 1)
+
+    class Inherits(Scaffold):  # adds nothing, but must say so itself
+        pass
+
+    class Declares(Scaffold):
+        vectorizable = Vectorizable(scratch=("mine",))
+
+    class Refuses(StrategyWrapper):
+        vectorizable = Vectorizable(unless=lambda strategy, module: "not today")
+
+    assert cannot_vectorize(Scaffold(), net) is None
+    assert cannot_vectorize(Inherits(), net) == "Inherits does not declare vectorizable local terms"
+    assert cannot_vectorize(Median(Inherits()), net) == "Inherits does not declare vectorizable local terms"
+    assert cannot_vectorize(Refuses(Scaffold()), net) == "not today"
+    assert "FedCOG generates" in cannot_vectorize(FedCOG(FedAvg()), net)
+    assert cannot_vectorize(FedPer(), net) == "FedPer does not declare vectorizable local terms"
+    # scratch keys: a class's own and its parents' (their uploads read them), and the wrapped strategies'
+    grad_sum = ("scaffold/grad_sum", "scaffold/grad_steps")
+    assert vector_scratch(Scaffold()) == vector_scratch(FedDC()) == vector_scratch(FedGamma()) == grad_sum
+    assert vector_scratch(Declares()) == (*grad_sum, "mine")
+    assert vector_scratch(Median(FedSMOO())) == ("fedsmoo/last_offsets",)
+    assert vector_scratch(FedNova()) == ("fednova/steps", "fednova/momentum")
