@@ -47,6 +47,8 @@ from fl_lightning.functional.tensor import module_device, shared_state
 
 #: Keys of a node's ``node_config`` (``flower-supernode --node-config``; set by the simulation).
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
+#: Key of a ``train`` message's config: the local steps the engine decided for its client (``model.system``).
+LOCAL_STEPS = "local-steps"
 
 
 class ClientFailedError(RuntimeError):
@@ -135,7 +137,10 @@ class FlowerExecutor(Executor):
             key = tuple((g, n, id(t)) for g, ts in payload.items() for n, t in ts.items())
             if key not in converted:
                 converted[key] = payload_to_records(payload)
-            content = RecordDict({**converted[key], CONFIG: ConfigRecord({"round": round, "client-id": cid})})
+            config = {"round": round, "client-id": cid}
+            if work.steps is not None and cid in work.steps:  # the engine's decision (model.system)
+                config[LOCAL_STEPS] = int(work.steps[cid])
+            content = RecordDict({**converted[key], CONFIG: ConfigRecord(config)})
             messages.append(
                 Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round))
             )
@@ -217,4 +222,11 @@ def node_answer(pid: int, parts: int, msg: Message) -> Message:
     return Message(RecordDict({CONFIG: reply}), reply_to=msg)
 
 
-__all__ = ["NUM_PARTITIONS", "PARTITION_ID", "ClientFailedError", "FlowerExecutor", "node_answer"]
+__all__ = [
+    "LOCAL_STEPS",
+    "NUM_PARTITIONS",
+    "PARTITION_ID",
+    "ClientFailedError",
+    "FlowerExecutor",
+    "node_answer",
+]
