@@ -234,6 +234,7 @@ class SystemModel:
             discarded = sorted(c for c in steps if c not in kept)
             steps = {c: n for c, n in steps.items() if c in kept}
             finish = {c: t for c, t in finish.items() if c in kept}
+            partial = [c for c in partial if c in kept]
             duration = max(finish.values())
         elif late and deadline is not None:
             duration = deadline  # the server waited for the late clients until the deadline

@@ -86,6 +86,14 @@ class Stragglers(SystemModel):
                 f"[1, E) (Li et al., Sec. 5.2), which {name}={work} leaves empty; set {name} >= 2"
             )
 
+    def describe(self) -> str:
+        p = self.devices
+        return (
+            f"Stragglers: {self.fraction:.0%} of each round's devices run [1, E) epochs ({self.policy}); "
+            f"every device {p.speed[0]:g} samples/s, {p.download_mbps[0]:g}/{p.upload_mbps[0]:g} "
+            "Mbit/s down/up"
+        )
+
     def plan(self, round: int, sampled: list[int], cohort: int) -> RoundPlan:
         """Round ``round``: the stragglers among ``sampled`` and their work (module docstring)."""
         s = self.setup
