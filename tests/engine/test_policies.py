@@ -78,7 +78,12 @@ POLICIES: dict[str, tuple[list[str], int, int | None]] = {
     "resume": ([*COMMON, "--model.strategy=FedAvgM", "--model.strategy.server_lr=0.5"], 2, 4),
     # the engine decides each client's steps; the executors (Flower's message included) run exactly them
     "stragglers_partial": (
-        [*COMMON, "--model.system=Stragglers", "--model.system.fraction=0.5", "--model.system.policy=partial"],
+        [
+            *COMMON,
+            "--model.system=Stragglers",
+            "--model.system.fraction=0.5",
+            "--model.system.policy=partial",
+        ],
         3,
         None,
     ),
@@ -244,7 +249,10 @@ def test_a_policy_holds_on_every_path(tmp_path, baseline, monkeypatch, policy, p
     base = baseline(policy)
     if path == "one_process":
         _expected(policy, base)
-        if policy in ("resume", "fedbuff_resume"):  # the resumed run is bit-identical to the uninterrupted one
+        if policy in (
+            "resume",
+            "fedbuff_resume",
+        ):  # the resumed run is bit-identical to the uninterrupted one
             args, _, rounds = POLICIES[policy]
             _in_process(
                 tmp_path,

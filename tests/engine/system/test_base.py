@@ -24,8 +24,14 @@ class Fixed(SystemModel):
     def profiles(self, num_clients, seed):
         n = num_clients
         return Profiles(
-            tuple(self.speeds), (8.0,) * n, (8.0,) * n, tuple(self.availability), tuple(self.dropout_p),
-            self.phase, self.day_s, self.online_fraction,
+            tuple(self.speeds),
+            (8.0,) * n,
+            (8.0,) * n,
+            tuple(self.availability),
+            tuple(self.dropout_p),
+            self.phase,
+            self.day_s,
+            self.online_fraction,
         )
 
 
@@ -36,7 +42,9 @@ def bound(system, steps=(10, 10, 10, 10), batch=10, seed=0):
 
 
 def seconds(steps, speed, batch=10):
-    return client_seconds(steps, batch, speed, transfer_seconds(MODEL_BYTES, 8.0), transfer_seconds(MODEL_BYTES, 8.0))
+    return client_seconds(
+        steps, batch, speed, transfer_seconds(MODEL_BYTES, 8.0), transfer_seconds(MODEL_BYTES, 8.0)
+    )
 
 
 def test_without_a_deadline_every_client_trains_its_full_work_and_the_slowest_sets_the_round():
@@ -102,7 +110,9 @@ def test_a_deadline_no_client_can_meet_is_one_line_naming_the_fix():
     with pytest.raises(ConfigError) as info:
         bound(Fixed([100.0, 50.0], deadline_s=2.5), steps=(10, 10))
     msg = str(info.value)
-    assert "\n" not in msg and msg.startswith("model.system.deadline_s=2.5 is shorter than every client's round")
+    assert "\n" not in msg and msg.startswith(
+        "model.system.deadline_s=2.5 is shorter than every client's round"
+    )
     assert "client 0, needs 3 s" in msg and "policy=partial" in msg
     bound(Fixed([100.0, 50.0], deadline_s=2.5, policy="partial"), steps=(10, 10))  # one step fits: fine
     with pytest.raises(ConfigError, match=r"^model\.system\.deadline_s=2 .*one local step"):

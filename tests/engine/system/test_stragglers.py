@@ -1,4 +1,4 @@
-"""FedProx's stragglers (Li et al., MLSys 2020, Sec. 5.2) as the preset plans them (engine/system/stragglers.py)."""
+"""FedProx's stragglers (Li et al., MLSys 2020, Sec. 5.2) as the preset plans them."""
 
 import pytest
 
@@ -36,7 +36,9 @@ def test_each_round_a_fraction_of_the_selected_devices_are_stragglers(fraction, 
         assert p.duration_s == d.duration_s == max(p.finish_s.values())  # the round's window either way
     if count:
         assert seen == set(range(1, E))
-        assert partial.plan(3, selected, 10).partial != partial.plan(4, selected, 10).partial  # drawn per round
+        assert (
+            partial.plan(3, selected, 10).partial != partial.plan(4, selected, 10).partial
+        )  # drawn per round
 
 
 def test_with_local_steps_a_straggler_runs_steps_in_one_to_k():
@@ -46,7 +48,9 @@ def test_with_local_steps_a_straggler_runs_steps_in_one_to_k():
 
 
 def test_one_epoch_leaves_no_partial_work():
-    with pytest.raises(ConfigError, match=r"model\.local_epochs=1 leaves empty; set model\.local_epochs >= 2"):
+    with pytest.raises(
+        ConfigError, match=r"model\.local_epochs=1 leaves empty; set model\.local_epochs >= 2"
+    ):
         bound(0.5, "partial", epochs=1)
     bound(0.0, "partial", epochs=1)  # no stragglers: fine
 

@@ -36,14 +36,31 @@ def test_a_trace_gives_each_client_its_line(tmp_path):
         (f"{HEADER}\n", r"has a header but no client lines"),
         (f"{HEADER}\n0,10,1,1\n", r"devices\.csv line 2: 4 values, expected 5"),
         (f"{HEADER}\n0,10,1,1,1\n1,fast,1,1,1\n", r"line 3, column 2 \(speed\): 'fast' is not a number"),
-        (f"{HEADER}\n0,10,1,1,1.5\n", r"line 2, column 5 \(availability\): 1\.5 must be a probability in \[0, 1\]"),
-        (f"{HEADER},dropout\n0,10,1,1,1,-0.1\n", r"line 2, column 6 \(dropout\): -0\.1 must be a probability"),
+        (
+            f"{HEADER}\n0,10,1,1,1.5\n",
+            r"line 2, column 5 \(availability\): 1\.5 must be a probability in \[0, 1\]",
+        ),
+        (
+            f"{HEADER},dropout\n0,10,1,1,1,-0.1\n",
+            r"line 2, column 6 \(dropout\): -0\.1 must be a probability",
+        ),
         (f"{HEADER}\n0,10,0,1,1\n", r"line 2, column 3 \(download_mbps\): 0 must be Mbit/s, > 0"),
         (f"{HEADER}\n0.5,10,1,1,1\n", r"line 2, column 1 \(client\): 0\.5 must be an integer client id"),
         (f"{HEADER}\n0,10,1,1,1\n0,10,1,1,1\n", r"line 3, column 1 \(client\): client 0 has two lines"),
     ],
-    ids=["missing", "empty", "header", "no-lines", "columns", "not-a-number", "availability", "dropout",
-         "bandwidth", "client-id", "duplicate"],
+    ids=[
+        "missing",
+        "empty",
+        "header",
+        "no-lines",
+        "columns",
+        "not-a-number",
+        "availability",
+        "dropout",
+        "bandwidth",
+        "client-id",
+        "duplicate",
+    ],
 )
 def test_a_bad_trace_is_one_line_naming_the_file_line_and_column(tmp_path, text, message):
     path = tmp_path / "devices.csv"
