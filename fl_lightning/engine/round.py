@@ -608,6 +608,8 @@ class Engine:
         if not plan.sampled:
             result.error = "no client was online when the round sampled"
             return
+        if not plan.steps and not plan.dropped_out:
+            result.error = "every sampled client was late (model.system.policy=drop)"
         if not plan.dropped_out:
             return
         cid = plan.dropped_out[0]
@@ -637,10 +639,20 @@ class Engine:
         """A round in which every sampled client failed: no server update, but the round counts.
 
         After ``max_failed_rounds`` consecutive skipped rounds (counted from the history, so it survives a
-        resume) the run stops with one line quoting the first client's error.
+        resume) the run stops with one line quoting the first client's error. A round whose system model left
+        no work to aggregate without any client failing (every client late under ``policy: drop``, or none
+        online) is skipped too, with an INFO line, and is not counted: it neither adds to a streak of failed
+        rounds nor ends one.
         """
+        if not result.failed:
+            log.info(
+                "round %d: no client's work to aggregate (%s); global model unchanged", round, result.error
+            )
+            step.skip()
+            return
         limit = self.config.max_failed_rounds
-        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), reversed(self.history)))
+        counted = (r for r in reversed(self.history) if not r.get("skipped") or r.get("failed"))
+        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), counted))
         if failed >= limit:
             raise RunError(
                 f"round {round}: every sampled client failed for {failed} consecutive rounds "

@@ -179,3 +179,13 @@ def test_no_system_model_no_clock():
     engine = make_engine(FedAvg())
     engine.run_round(0)
     assert engine.system is None and "sim_time_s" not in engine.history[0]
+
+
+def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():
+    engine = make_engine(num_clients=4, local_steps=4, system=Stragglers(fraction=1.0), max_failed_rounds=1)
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    for r in range(3):
+        engine.run_round(r)
+    assert all(r["skipped"] and r["failed"] == 0 and r["late_clients"] == 4 for r in engine.history)
+    assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
+    assert engine.clock > 0  # the rounds took their time all the same
