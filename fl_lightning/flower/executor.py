@@ -257,7 +257,7 @@ class FlowerExecutor(Executor):
                 if cid == -1:  # a grid that does not keep message ids (tests): by the node
                     cid = for_node.get(reply.metadata.src_node_id, -1)
                 if cid in replies:
-                    replies[cid] = reason_line(reply.error.reason) if reply.has_error() else reply
+                    replies[cid] = self._why(reply.error.reason) if reply.has_error() else reply
                     answered.add(self.nodes[cid])
             for node in for_node:
                 if node in answered:
@@ -269,6 +269,14 @@ class FlowerExecutor(Executor):
                 if isinstance(reply, str) and reply == "no reply":
                     replies[cid] = f"no reply within {self.timeout:g} s"
         return replies
+
+    def _why(self, reason: str) -> str:
+        """A failed reply's reason in one line; the SuperLink's own errors said in our terms."""
+        if reason.startswith("Error: Node Unavailable"):
+            return "its node is offline (the SuperLink missed its heartbeats)"
+        if reason.startswith("Error: Message Unavailable") and self.timeout:
+            return f"no reply within {self.timeout:g} s (the message expired)"
+        return reason_line(reason)
 
     # ------------------------------------------------------------------------------ train
     def train(self, work: Work) -> Iterator[Outcome]:

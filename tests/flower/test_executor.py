@@ -349,7 +349,9 @@ def test_a_client_that_cannot_be_evaluated_is_left_out_or_one_run_error(caplog):
         FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1, tolerate_failures=False).evaluate(
             _work(round=-1, clients=(0,))
         )
-    per, merged = FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1).evaluate(_work(round=-1, clients=(0, 1, 2)))
+    per, merged = FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1).evaluate(
+        _work(round=-1, clients=(0, 1, 2))
+    )
     assert list(per) == [2] and merged.compute()["acc"] == pytest.approx(1.0)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("client 0 (node 1000) could not be evaluated: ValueError: bad; left out" in w for w in warned)
