@@ -65,9 +65,12 @@ def simulate(argv: list[str]) -> None:
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual SuperNode")
     parser.add_argument("--save-path", default=None, help="torch.save the final global state_dict here")
     args, overrides = parser.parse_known_args(argv)
-    from fl_lightning.flower import client_app, load_federation, server_app
+    from fl_lightning.flower import client_app, server_app
+    from fl_lightning.flower.federation import cached_run
 
-    fed = load_federation(args.config, overrides)
+    data = cached_run(args.config, overrides).datamodule  # the number of clients, without the data when set
+    if data.num_clients is None:  # one client per user of a natural per-user dataset: known once read
+        data.setup("fit")
     from flwr.simulation import run_simulation
 
     def save(module: Any) -> None:
@@ -80,7 +83,7 @@ def simulate(argv: list[str]) -> None:
         run_simulation(
             server_app(args.config, overrides, on_end=save),
             client_app(args.config, overrides),
-            num_supernodes=fed.num_clients,
+            num_supernodes=int(data.num_clients),
             backend_config={"client_resources": {"num_cpus": args.cpus_per_client, "num_gpus": 0.0}},
         )
 

@@ -33,17 +33,18 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_lightning.api.types import ClientResult
-from fl_lightning.engine.local import check_upload
+from fl_lightning.engine.local import check_upload, evaluate_deployed
 from fl_lightning.engine.work import Work
 from fl_lightning.errors import ConfigError
 from fl_lightning.flower.executor import NUM_PARTITIONS, PARTITION_ID, node_answer
 from fl_lightning.flower.federation import Federation, cached_federation, cached_node_federation, cached_run
 from fl_lightning.flower.records import (
     CONFIG,
+    EVAL_METRICS,
     EVAL_STATE,
     METRICS,
     TRAIN_STATE,
@@ -193,12 +194,30 @@ def client_app(
     def evaluate_(msg: Message, context: Context) -> Message:
         fed = federation(context)
         work = _client_work(msg, context, fed, -1)
-        sent = work.message(work.clients[0]).get("weights", {})
+        cid = work.clients[0]
+        sent = work.message(cid).get("weights", {})
         load_tensors(work.model, sent)  # the node's copy of the global model: the server's weights
-        _, merged = fed.executor.evaluate(work)
+        # what Sequential.evaluate does for each client, with one metrics object the node keeps (a fresh
+        # TaskMetrics per message costs milliseconds)
+        metrics = fed.scratch_metrics()
+        weights = {k: v for k, v in work.model.state_dict().items() if v.is_floating_point()}
+        local = work.local
+        evaluate_deployed(
+            work.worker(),
+            weights,
+            work.strategy,
+            work.data[cid],
+            work.state(cid),
+            local.batch_size,
+            local.eval_batch_size,
+            metrics,
+            work.precision,
+        )
+        values = {k: float(v) for k, v in metrics.compute().items()}
         content = RecordDict(
             {
-                EVAL_STATE: tensors_to_record(merged.state_tensors()),
+                EVAL_STATE: tensors_to_record(metrics.state_tensors()),
+                EVAL_METRICS: MetricRecord(values),
                 CONFIG: ConfigRecord({"client-id": work.clients[0]}),
             }
         )

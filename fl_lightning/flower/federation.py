@@ -54,10 +54,19 @@ class Federation:
     data: FederatedDataModule
     device: torch.device
     files: NodeFiles | None = None
+    _metrics: Any = None
 
     @property
     def num_clients(self) -> int:
         return self.data.num_clients
+
+    def scratch_metrics(self) -> Any:
+        """One set of the run's evaluation metrics, reset (made once: a node evaluates one client at a
+        time)."""
+        if self._metrics is None:
+            self._metrics = self.module.engine.metrics()
+        self._metrics.reset()
+        return self._metrics
 
     @property
     def executor(self) -> Executor:
