@@ -193,7 +193,7 @@ def test_the_example_strategy_runs_against_the_api(monkeypatch):
     net = nn.Linear(3, 2)
     weights = {n: p.detach() + 1.0 for n, p in net.named_parameters()}  # every entry 1 away: 1/2 * 8
     prox = cls(mu=0.5)
-    ctx = ClientContext(0, 0, {"weights": weights}, {}, num_samples=10, num_steps=1, lr=0.1, strategy=prox)
+    ctx = ClientContext(0, 0, {"weights": weights}, {}, num_samples=10, num_steps=1, lr=0.1)
     assert torch.isclose(prox.local_loss(net, ctx, None, None), torch.tensor(0.5 * 4.0))
     spec = RunSpec(task=Task("multiclass"), num_classes=2, num_clients=4, input_shape=(3,))
     cls().check(net, spec)

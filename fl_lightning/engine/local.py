@@ -311,7 +311,6 @@ def start_client(
         data.num_samples,
         config.num_steps(data),
         lr,
-        strategy,
         data=data,
         seed=config.seed,
     )

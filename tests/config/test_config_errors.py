@@ -139,9 +139,14 @@ def test_an_unknown_bare_class_name_gets_the_registry_names():
     line, _ = parse_error(message, registries, lambda: [], "")
     assert line == "model.strategy: 'fedprox' is not a known strategy; did you mean FedProx?"
     line, _ = parse_error(message.replace("fedprox", "xyz"), registries, lambda: [], "")
-    assert (
-        line
-        == "model.strategy: 'xyz' is not a known strategy; choose one of FedAvg, FedProx or a full class path"
+    assert line == (
+        "model.strategy: 'xyz' is not a known strategy; choose one of FedAvg, FedProx; a strategy of your "
+        "own is named by its class path: --model.strategy=my_package.my_module.xyz"
+    )
+    line, _ = parse_error(message.replace("fedprox", "MyProx"), registries, lambda: [], "")
+    assert line == (
+        "model.strategy: 'MyProx' is not a known strategy; did you mean FedProx? (a strategy of your own is "
+        "named by its class path: --model.strategy=my_package.my_module.MyProx)"
     )
 
 
