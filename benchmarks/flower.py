@@ -38,6 +38,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -119,6 +120,56 @@ class _RoundMarks(logging.Handler):
         msg = record.getMessage()
         if _ROUND in msg or "Strategy execution finished" in msg:
             self.marks.append(time.perf_counter() - _T0)
+
+
+class _WallMarks(_RoundMarks):
+    """Wall-clock times (``time.time()``) of Flower's "[ROUND k/R]" lines and of the strategy's end, written
+    to ``path`` (JSON) by :meth:`save`: the bare ServerApp's rounds in a deployment (another process)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if _ROUND in msg or "Strategy execution finished" in msg:
+            self.marks.append(time.time())
+
+    def save(self) -> None:
+        if self.path:
+            Path(self.path).write_text(json.dumps(self.marks))
+
+
+def _deployment_timer() -> Any:
+    from lightning.pytorch import Callback
+
+    class DeploymentRoundTimer(Callback):
+        """Wall-clock times (``time.time()``) of each round's start and of the end of the rounds, appended
+        to ``path`` (one JSON number a line): our ServerApp's rounds in a deployment (set in its YAML)."""
+
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def _mark(self) -> None:
+            with open(self.path, "a") as f:
+                f.write(f"{time.time()}\n")
+
+        def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
+            self._mark()
+
+        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            self._mark()
+
+    return DeploymentRoundTimer
+
+
+def __getattr__(name: str) -> Any:
+    """``flower.DeploymentRoundTimer``, the class a deployed config's ``trainer.callbacks`` names (defined on
+    first use, so importing this file does not import Lightning)."""
+    if name == "DeploymentRoundTimer":
+        globals()[name] = _deployment_timer()
+        return globals()[name]
+    raise AttributeError(name)
 
 
 def run_ours(args: argparse.Namespace) -> list[float]:
@@ -218,8 +269,9 @@ def _bare_eval(net: Any, x: Any, y: Any, batch_size: int) -> tuple[float, float]
     return loss / max(1, len(y)), correct / max(1, len(y))
 
 
-def bare_client_app(path: str) -> Any:
-    """A ClientApp in plain PyTorch: ``local_steps`` SGD steps on the node's partition, test-split eval."""
+def bare_client_app(path: str | None = None) -> Any:
+    """A ClientApp in plain PyTorch: ``local_steps`` SGD steps on the node's partition, test-split eval
+    (``path``: the exported federation; None: the run config's ``bare-data``, as deployed)."""
     import torch
     import torch.nn.functional as F
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -229,7 +281,7 @@ def bare_client_app(path: str) -> Any:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        data = _bare_data(path)
+        data = _bare_data(path or str(context.run_config["bare-data"]))
         cid = int(context.node_config["partition-id"])
         net = _bare_net(data)
         net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -258,7 +310,7 @@ def bare_client_app(path: str) -> Any:
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        data = _bare_data(path)
+        data = _bare_data(path or str(context.run_config["bare-data"]))
         cid = int(context.node_config["partition-id"])
         net = _bare_net(data)
         net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -270,9 +322,11 @@ def bare_client_app(path: str) -> Any:
     return app
 
 
-def bare_server_app(path: str, rounds: int) -> Any:
+def bare_server_app(path: str | None = None, rounds: int | None = None) -> Any:
     """A ServerApp with Flower's FedAvg: the recipe's sampled fraction, every client evaluated each round,
-    the global model evaluated on the config's global validation/test split after each round."""
+    the global model evaluated on the config's global validation/test split after each round. None: the
+    run config's ``bare-data`` and ``num-server-rounds``, and the rounds' times go to its ``marks`` file
+    (as deployed)."""
     from flwr.app import ArrayRecord, Context, MetricRecord
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
@@ -281,9 +335,11 @@ def bare_server_app(path: str, rounds: int) -> Any:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        data = _bare_data(path)
+        data = _bare_data(path or str(context.run_config["bare-data"]))
         net = _bare_net(data)
         n = data["num_clients"]
+        marks = _WallMarks(str(context.run_config.get("marks", "")))
+        logging.getLogger("flwr").addHandler(marks)
 
         def global_eval(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             net.load_state_dict(arrays.to_torch_state_dict())
@@ -297,7 +353,9 @@ def bare_server_app(path: str, rounds: int) -> Any:
             min_evaluate_nodes=n,
             min_available_nodes=n,
         )
-        strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=rounds, evaluate_fn=global_eval)
+        num_rounds = rounds or int(context.run_config["num-server-rounds"])
+        strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=num_rounds, evaluate_fn=global_eval)
+        marks.save()
 
     return app
 
@@ -320,6 +378,216 @@ def run_bare(args: argparse.Namespace) -> list[float]:
         backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0}},
     )
     return marks.marks
+
+
+# ---------------------------------------------------------------------------------- deployment
+BARE_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "bare-flower-app"
+version = "0.1.0"
+description = "The benchmark's bare Flower app: the recipe's MLP and data in plain PyTorch"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fl-lightning-benchmarks"
+
+[tool.flwr.app.components]
+serverapp = "bare_app:serverapp"
+clientapp = "bare_app:clientapp"
+
+[tool.flwr.app.config]
+num-server-rounds = 3
+bare-data = ""
+marks = ""
+"""
+BARE_APP = """# The benchmark's bare Flower app (benchmarks/flower.py on the processes' PYTHONPATH).
+from flower import bare_client_app, bare_server_app
+
+serverapp = bare_server_app()
+clientapp = bare_client_app()
+"""
+#: How a SuperNode runs its ClientApps in the deployment benchmark (fl_lightning.flower.local.ISOLATIONS).
+MODES = {
+    "process": "process isolation + python -m fl_lightning.flower clientapp (kept running; recommended)",
+    "subprocess": "subprocess isolation (Flower's default: a flwr-clientapp process per message)",
+    "superexec": "process isolation + Flower's flower-superexec (a flwr-clientapp process per message)",
+}
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def our_deployed_yaml(args: argparse.Namespace, marks: Path) -> str:
+    """The recipe with the benchmark's sizes, and a callback writing the rounds' wall-clock times."""
+    import yaml
+
+    config = yaml.safe_load(RECIPE.read_text())
+    config["trainer"]["max_steps"] = args.rounds
+    config["trainer"]["callbacks"] = [
+        {"class_path": "flower.DeploymentRoundTimer", "init_args": {"path": str(marks)}}
+    ]
+    config["data"]["num_clients"] = args.clients
+    config["model"]["local_steps"] = args.local_steps
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def run_deployed(app: str, mode: str, args: argparse.Namespace, data: Path, folder: Path) -> dict[str, Any]:
+    """One deployed run on 127.0.0.1 (a SuperLink and ``args.clients`` SuperNodes with TLS and node
+    authentication, started and idle before the run is submitted): its rounds from the ServerApp's marks.
+
+    ``startup`` is from ``flwr run`` to the end of round 1 (the ServerApp's start, imports and set-up, the
+    nodes' first messages with their ClientApps' start, one round); ``steady`` the median of rounds 2..R.
+    """
+    from fl_lightning.flower.local import LocalFederation
+
+    nodes = [{"partition-id": i, "num-partitions": args.clients} for i in range(args.clients)]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    marks = folder / "marks.json"
+    with LocalFederation(folder / "fed", nodes, isolation=mode, env=env) as fed:
+        fed.start()
+        if app == "ours":
+            files = {"bench.yaml": our_deployed_yaml(args, marks)}
+            config = {
+                "config": "bench.yaml",
+                "num-server-rounds": args.rounds,
+                "root-dir": str(folder / "runs"),
+            }
+            start = time.time()
+            log = fed.run(RECIPE.parent, config, timeout=args.timeout, files=files)
+            times = [float(t) for t in marks.read_text().split()] if marks.exists() else []
+        else:
+            bare = folder / "bare-app"
+            bare.mkdir(exist_ok=True)
+            (bare / "pyproject.toml").write_text(BARE_PYPROJECT)
+            (bare / "bare_app.py").write_text(BARE_APP)
+            config = {"bare-data": str(data), "num-server-rounds": args.rounds, "marks": str(marks)}
+            start = time.time()
+            log = fed.run(bare, config, timeout=args.timeout)
+            times = json.loads(marks.read_text()) if marks.exists() else []
+    if len(times) != args.rounds + 1:
+        raise RuntimeError(
+            f"{app} ({mode}): {len(times)} round marks for {args.rounds} rounds:\n{log[-3000:]}"
+        )
+    rounds = [b - a for a, b in itertools.pairwise(times)]
+    return {
+        "startup": times[1] - start,
+        "steady": statistics.median(rounds[1:]),
+        "rounds": rounds,
+        "total": times[-1] - start,
+    }
+
+
+def _timed_python(code: str) -> float:
+    """Seconds of ``python -c code`` in a fresh process (its start included)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])},
+    )
+    return time.perf_counter() - start
+
+
+def message_start(args: argparse.Namespace, data: Path, repeats: int) -> dict[str, float]:
+    """What a ClientApp process started for one message pays before the client's work, fastest of
+    ``repeats`` (alternating ours and bare): its imports, and building the node's data."""
+    ours_import = "import fl_lightning.flower.client_app"
+    bare_import = "import torch, flwr.app, flwr.clientapp"
+    ours_data = (
+        "import time, fl_lightning.flower.federation as f; t = time.perf_counter(); "
+        f"f.load_federation({str(RECIPE)!r}, {overrides(args)!r}); print(time.perf_counter() - t)"
+    )
+    load = f"torch.load({str(data)!r})"
+    bare_data = f"import time, torch; t = time.perf_counter(); {load}; print(time.perf_counter() - t)"
+    out: dict[str, list[float]] = {"ours_import": [], "bare_import": [], "ours_data": [], "bare_data": []}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]), "OMP_NUM_THREADS": "1"}
+    for _ in range(repeats):
+        out["ours_import"].append(_timed_python(ours_import))
+        out["bare_import"].append(_timed_python(bare_import))
+        for key, code in (("ours_data", ours_data), ("bare_data", bare_data)):
+            res = subprocess.run(
+                [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env
+            )
+            out[key].append(float(res.stdout.strip().splitlines()[-1]))
+    return {k: min(v) for k, v in out.items()}
+
+
+def deployment(args: argparse.Namespace) -> None:
+    """The deployment benchmark: ours and the bare app, alternately, in each mode; fastest of repeats.
+
+    ``SIGTERM`` (e.g. ``timeout``) ends it as an exception would: each federation's processes are ended."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"--modes: {m!r} is not one of {', '.join(MODES)}")
+    print(
+        f"deployment on 127.0.0.1: {args.clients} SuperNodes (TLS + node authentication), "
+        f"{args.clients} clients, {args.rounds} rounds, {args.local_steps} local steps, "
+        f"{args.repeats} repeat(s) (fastest kept); "
+        f"load average {_loadavg()}",
+        flush=True,
+    )
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "federation.pt"
+        export_federation(args, data)
+        for r in range(args.repeats):
+            for mode in modes:
+                for app in ("ours", "bare"):
+                    folder = Path(tmp) / f"{mode}-{app}-{r}"
+                    folder.mkdir()
+                    res = run_deployed(app, mode, args, data, folder)
+                    key = (mode, app)
+                    for k in ("steady", "startup"):
+                        best.setdefault(key, {})[k] = min(best.get(key, {}).get(k, float("inf")), res[k])
+                    if args.per_round:
+                        rounds = " ".join(f"{t:.2f}" for t in res["rounds"])
+                        print(
+                            f"    [{mode}, {app}, repeat {r + 1}] rounds: {rounds} (load {_loadavg()})",
+                            flush=True,
+                        )
+        start = message_start(args, data, max(2, args.repeats)) if "subprocess" in modes else None
+    targets = {"process": (1.3, 1.5)}
+    for mode in modes:
+        ours, bare = best[(mode, "ours")], best[(mode, "bare")]
+        steady_t, start_t = targets.get(mode, (None, None))
+        print(f"  {MODES[mode]}:")
+        ratio = ours["steady"] / bare["steady"]
+        note = f" (target <= {steady_t}x)" if steady_t else ""
+        print(
+            f"    steady round: ours {ours['steady']:.2f} s, bare {bare['steady']:.2f} s: {ratio:.2f}x{note}"
+        )
+        ratio = ours["startup"] / bare["startup"]
+        note = f" (target <= {start_t}x)" if start_t else ""
+        print(
+            f"    start-up (flwr run to the end of round 1): ours {ours['startup']:.2f} s, "
+            f"bare {bare['startup']:.2f} s: {ratio:.2f}x{note}"
+        )
+        if mode == "subprocess" and start is not None:
+            print(
+                "    per-message start (a fresh process each): imports "
+                f"ours {start['ours_import']:.2f} s (import fl_lightning.flower.client_app), "
+                f"bare {start['bare_import']:.2f} s (import torch, flwr); "
+                f"data ours {start['ours_data']:.2f} s (the config's run and the node's split), "
+                f"bare {start['bare_data']:.2f} s (torch.load)"
+            )
+    print(f"load average at the end: {_loadavg()}")
 
 
 # -------------------------------------------------------------------------------------- driver
@@ -352,6 +620,7 @@ def measure(key: str, args: argparse.Namespace, data: Path) -> dict[str, Any]:
     rounds = [b - a for a, b in itertools.pairwise(marks)]
     return {
         "startup": marks[0],
+        "to_round1_end": marks[1],
         "first": rounds[0],
         "steady": statistics.median(rounds[1:]),
         "mean": statistics.mean(rounds[1:]),
@@ -364,7 +633,8 @@ def _print_row(key: str, r: dict[str, Any], per_round: bool) -> None:
     print(
         f"  ({key}) {RUNS[key][0]:30s} steady {r['steady']:7.3f} s/round (mean {r['mean']:.3f})   "
         f"round 1 {r['first']:7.2f} s   "
-        f"startup {r['startup']:6.2f} s   total {r['total']:6.2f} s",
+        f"startup {r['startup']:6.2f} s (to the end of round 1 {r['to_round1_end']:6.2f} s)   "
+        f"total {r['total']:6.2f} s",
         flush=True,
     )
     if per_round:
@@ -378,6 +648,14 @@ def main() -> None:
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--only", default="a,b,c", help="comma-separated subset of a (fit), b (ours), c (bare)")
     p.add_argument("--per-round", action="store_true", help="also print every round's seconds")
+    p.add_argument(
+        "--deployment",
+        action="store_true",
+        help="a SuperLink and SuperNodes on 127.0.0.1 (TLS, node auth), ours vs the bare app, per --modes",
+    )
+    p.add_argument("--modes", default="process,subprocess", help=f"deployment modes: {', '.join(MODES)}")
+    p.add_argument("--repeats", type=int, default=1, help="deployment runs per app and mode (fastest kept)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a deployed run may take")
     p.add_argument("--_run", choices=list(RUNS), help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     p.add_argument("--_data", help=argparse.SUPPRESS)
@@ -388,6 +666,9 @@ def main() -> None:
         return
     if args.rounds < 2:
         p.error("--rounds must be >= 2 (round 1 includes the actors' start-up)")
+    if args.deployment:
+        deployment(args)
+        return
     print(
         f"{RECIPE.name}: {args.clients} clients, {args.rounds} rounds, {args.local_steps} local steps "
         f"(seconds; steady = median of rounds 2..{args.rounds})"
@@ -404,7 +685,9 @@ def main() -> None:
         b, c = res["b"], res["c"]
         print(f"(b)/(c), steady round: {b['steady'] / c['steady']:.2f}x  (target <= 1.2x)")
         print(f"(b)/(c), round 1:      {b['first'] / c['first']:.2f}x")
-        print(f"(b)/(c), startup:      {b['startup'] / c['startup']:.2f}x")
+        print(f"(b)/(c), startup:      {b['startup'] / c['startup']:.2f}x (to round 1's start)")
+        ratio = b["to_round1_end"] / c["to_round1_end"]
+        print(f"(b)/(c), start-up:     {ratio:.2f}x (to the end of round 1: the actors' start included)")
         print(f"(b)/(c), total:        {b['total'] / c['total']:.2f}x")
     if "b" in res and "a" in res:
         b, a = res["b"], res["a"]

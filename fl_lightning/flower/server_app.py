@@ -30,8 +30,11 @@ log = logging.getLogger("fl_lightning")
 #: Run-config keys (``[tool.flwr.app.config]`` or ``flwr run --run-config``) the ServerApp reads:
 #: rounds (else the config's ``trainer.max_steps``), where to save the final global model, a checkpoint
 #: to resume from, the folder of the run's ``lightning_logs`` (``trainer.default_root_dir``; else the
-#: ServerApp's working folder).
+#: ServerApp's working folder), the seconds a round's exchange waits for its replies (0: no limit).
 ROUNDS_KEY, SAVE_KEY, CKPT_KEY, ROOT_KEY = "num-server-rounds", "save-path", "ckpt-path", "root-dir"
+TIMEOUT_KEY = "round-timeout"
+#: Seconds a round's training (or an evaluation) waits for a node's reply when the run config says nothing.
+DEFAULT_TIMEOUT = 300.0
 
 #: Called with the fitted module (its ``client`` is the final global model, ``history`` the rounds).
 OnEnd = Callable[[FederatedModule], None]
@@ -58,7 +61,9 @@ def fit_on_grid(
         num_rounds: Rounds to run (None: the config's ``trainer.max_steps``).
         ckpt_path: Resume from this checkpoint of an earlier run of the same config.
         wait_for_nodes: Seconds to wait for a SuperNode of every partition.
-        timeout: Seconds to wait for a round's replies (None: no limit).
+        timeout: Seconds a round's training (or an evaluation) waits for the nodes' replies; a client
+            without a reply by then failed in that round (None: no limit; a node whose process died fails
+            once Flower's SuperLink misses its heartbeats).
 
     Returns:
         The fitted module.
@@ -67,8 +72,18 @@ def fit_on_grid(
     with console():
         run = load_run(config, [*overrides, *extra], root)
         module = run.model
-        module.use_executor(FlowerExecutor(grid, wait_for_nodes=wait_for_nodes, timeout=timeout))
-        run.trainer.fit(module, datamodule=run.datamodule, ckpt_path=ckpt_path)
+        tolerate = module.engine.config.tolerate_client_failures
+        executor = FlowerExecutor(
+            grid, wait_for_nodes=wait_for_nodes, timeout=timeout, tolerate_failures=tolerate
+        )
+        module.use_executor(executor)
+        data = run.datamodule
+        data.setup("fit")
+        executor.discover(data.num_clients)  # before fit: which clients bring their own data
+        if any(executor.node_data.values()):
+            # the config's split is not what the clients train on: no partition picture of it
+            module._log_partition = lambda dm: None  # type: ignore[method-assign]
+        run.trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return module
 
 
@@ -84,7 +99,8 @@ def server_app(
 
     With a run-config ``save-path`` it saves the final global model's ``state_dict`` there
     (``torch.save``); ``ckpt-path`` resumes an earlier run's checkpoint; ``root-dir`` is where the run's
-    ``lightning_logs/version_N`` goes.
+    ``lightning_logs/version_N`` goes; ``round-timeout`` is the seconds a round waits for a node's reply
+    (default :data:`DEFAULT_TIMEOUT`; 0: no limit).
 
     Args:
         config: The YAML of ``python -m fl_lightning fit --config``. The run config's ``config``
@@ -110,7 +126,10 @@ def server_app(
             ckpt = context.run_config.get(CKPT_KEY) or None
             where = context.run_config.get(ROOT_KEY)
             extra = [f"--trainer.default_root_dir={where}"] if where else []
-            module = fit_on_grid(grid, str(path), [*overrides, *extra], root, rounds, ckpt, wait_for_nodes)
+            limit = float(context.run_config.get(TIMEOUT_KEY, DEFAULT_TIMEOUT))
+            module = fit_on_grid(
+                grid, str(path), [*overrides, *extra], root, rounds, ckpt, wait_for_nodes, limit or None
+            )
         except (ConfigError, RunError) as err:
             log.error("error: %s", err)
             raise

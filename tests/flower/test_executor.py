@@ -335,13 +335,27 @@ def test_evaluate_sends_the_shared_weights_and_merges_the_nodes_metric_states():
     assert merged.compute()["acc"] == pytest.approx(0.75)
 
 
-def test_a_client_that_cannot_be_evaluated_is_one_run_error():
+def test_a_client_that_cannot_be_evaluated_is_left_out_or_one_run_error(caplog):
+    """A node that cannot evaluate (an error reply, no reply: it died) is left out of that evaluation with
+    a warning naming it, and the run goes on; with model.tolerate_client_failures=false it stops the run."""
+
     def reply(msg):
-        return Message(Error(code=0, reason="ValueError: bad"), reply_to=msg)
+        if cid_of(msg) == 0:
+            return Message(Error(code=0, reason="<class 'ValueError'>:<'bad'>"), reply_to=msg)
+        return None if cid_of(msg) == 1 else _eval_reply(msg)
 
     line = r"flower: client 0 \(node 1000\) could not be evaluated: ValueError: bad"
-    with pytest.raises(RunError, match=line):
-        FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1).evaluate(_work(round=-1, clients=(0,)))
+    with pytest.raises(RunError, match=line + "; model.tolerate_client_failures=false stops the run"):
+        FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1, tolerate_failures=False).evaluate(
+            _work(round=-1, clients=(0,))
+        )
+    per, merged = FlowerExecutor(FakeGrid(4, reply), wait_for_nodes=1).evaluate(
+        _work(round=-1, clients=(0, 1, 2))
+    )
+    assert list(per) == [2] and merged.compute()["acc"] == pytest.approx(1.0)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("client 0 (node 1000) could not be evaluated: ValueError: bad; left out" in w for w in warned)
+    assert any("client 1 (node 1001) could not be evaluated: no reply; left out" in w for w in warned)
 
 
 def test_a_train_message_carries_the_local_steps_the_engine_decided():

@@ -72,3 +72,70 @@ def test_node_precision_is_lightnings_choice_or_one_line():
         node_precision("fp8", torch.device("cpu"))
     assert str(err.value).startswith("flower: trainer.precision='fp8' cannot apply on this node (")
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------ a node's own data
+def _node_folder(tmp_path, x, y, **more):
+    import numpy as np
+
+    folder = tmp_path / "node"
+    folder.mkdir(exist_ok=True)
+    np.savez(folder / "data.npz", x=x, y=y, **more)
+    return folder
+
+
+def test_a_node_with_its_own_files_trains_them_with_its_own_test_split(tmp_path):
+    import numpy as np
+
+    from fl_lightning.flower.federation import load_node_federation
+
+    x = np.random.default_rng(0).normal(size=(20, 64)).astype(np.float32)
+    folder = _node_folder(tmp_path, x, np.arange(20) % 10)
+    fed = load_node_federation(RECIPE, folder, client_id=1)
+    client = fed.data.clients[1]
+    assert fed.files is not None and fed.files.folder == folder
+    assert len(client.test_idx) == 4 and len(client.train_idx) == 16  # local_test_fraction 0.2
+    assert torch.equal(client.x, torch.from_numpy(x)) and fed.data.num_clients == 4
+    again = load_node_federation(RECIPE, folder, client_id=1)
+    assert torch.equal(again.data.clients[1].test_idx, client.test_idx)  # seeded by (data.seed, client)
+
+
+def test_a_node_with_its_own_test_files_uses_them(tmp_path):
+    import numpy as np
+
+    from fl_lightning.flower.federation import load_node_federation
+
+    x = np.zeros((5, 64), np.float32)
+    folder = _node_folder(tmp_path, x, np.arange(5), x_test=x[:3], y_test=np.array([9, 8, 7]))
+    client = load_node_federation(RECIPE, folder, client_id=0).data.clients[0]
+    assert len(client.train_idx) == 5 and client.test_y.tolist() == [9, 8, 7]
+
+
+@pytest.mark.parametrize(
+    ("shape", "labels", "expected"),
+    [
+        ((4, 64), [0, 1, 2, 12], "label 12 of y is outside the model's 10 classes 0..9"),
+        ((4, 5), [0, 1, 2, 3], "model.client.net cannot take its inputs of shape (5,)"),
+    ],
+)
+def test_node_files_the_model_cannot_take_are_one_line(tmp_path, shape, labels, expected):
+    import numpy as np
+
+    from fl_lightning.flower.federation import load_node_federation
+
+    folder = _node_folder(tmp_path, np.zeros(shape, np.float32), np.array(labels))
+    with pytest.raises(ConfigError) as err:
+        load_node_federation(RECIPE, folder, client_id=0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"data-dir '{folder}': ") and expected in msg, msg
+
+
+def test_exported_node_files_hold_each_clients_split(tmp_path):
+    from fl_lightning.flower.federation import export_node_data, load_node_federation
+
+    written = export_node_data(RECIPE, tmp_path / "out")
+    assert [p.parent.name for p in written] == [f"client-{c}" for c in range(4)]
+    central = load_federation(RECIPE).data.clients[2]
+    node = load_node_federation(RECIPE, written[2].parent, client_id=2).data.clients[2]
+    assert torch.equal(node.x[node.train_idx], central.x[central.train_idx])
+    assert torch.equal(node.test_y[node.test_idx], central.y[central.test_idx])
