@@ -17,7 +17,7 @@ from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.data.fashion_mnist import find_files
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.module import FederatedModule
-from fl_lightning.runs import read_scalars
+from fl_lightning.runs import latest_run, read_scalars, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -383,6 +383,53 @@ BAD_INPUTS = [
     (
         ["--model.client.net=CharLSTM"],
         "error: model.client.net=CharLSTM needs token inputs (characters or words)",
+    ),
+    # the client system model and asynchronous strategies (issue 32)
+    (
+        ["--model.system=Trace", "--model.system.path=no/such/devices.csv"],
+        "error: model.system.path: no/such/devices.csv does not exist; give a CSV file with the header "
+        "client,speed,download_mbps,upload_mbps,availability",
+    ),
+    (
+        ["--model.system=Devices", "--model.system.dropout=1.5"],
+        "error: model.system.dropout=1.5 must be in [0, 1] (a probability)",
+    ),
+    (
+        ["--model.system=Devices", "--model.system.availability=-0.2"],
+        "error: model.system.availability=-0.2 must be in [0, 1] (a probability)",
+    ),
+    (
+        ["--model.system=Stragglers", "--model.system.fraction=1.1"],
+        "error: model.system.fraction=1.1 must be in [0, 1]",
+    ),
+    (
+        ["--model.system=Devices", "--model.system.deadline_s=0.01"],
+        "error: model.system.deadline_s=0.01 is shorter than every client's round: the fastest, client",
+    ),
+    (
+        ["--model.system=Devices", "--model.system.policy=cut"],
+        "error: model.system.policy",
+    ),
+    (
+        ["--model.system=Stragglers", "--model.system.fraction=0.5", "--model.local_epochs=1"],
+        "error: model.system=Stragglers: stragglers run a uniformly random number of local epochs in [1, E)",
+    ),
+    (
+        ["--model.strategy=FedBuff", "--model.strategy.concurrency=4", "--model.strategy.buffer_size=5"],
+        "error: model.strategy.buffer_size=5 is larger than the 4 clients in flight",
+    ),
+    (
+        ["--model.strategy=FedBuff", "--model.strategy.buffer_size=5"],
+        "error: model.strategy.buffer_size=5 is larger than the 4 clients in flight "
+        "(model.strategy.concurrency unset",
+    ),
+    (
+        ["--model.strategy=FedBuff", "--model.system=Stragglers"],
+        "error: model.system=Stragglers shapes synchronous rounds; model.strategy=FedBuff has none",
+    ),
+    (
+        ["--model.system=Stragler"],
+        "error: model.system: 'Stragler' is not a known",
     ),
 ]
 
@@ -887,3 +934,26 @@ def test_a_malformed_leaf_file_is_one_line_naming_its_path_and_key(tmp_path, cap
         f"error: data.root: {root / 'train' / 'all_data_0_train.json'} has no 'user_data' (LEAF's layout: "
         "users, num_samples, user_data); re-create it with LEAF's preprocess.sh"
     )
+
+
+def test_the_straggler_preset_from_the_command_line_logs_the_simulated_clock(tmp_path, capsys):
+    """The issue's command: ``--model.system=Stragglers --model.system.fraction=0.9`` with drop and partial
+    work logs ``sim/time_s``, and the two policies train different models."""
+    weights = {}
+    for policy in ("drop", "partial"):
+        folder = tmp_path / policy
+        run_cli(
+            folder,
+            "fit",
+            *FAST,
+            "--model.system=Stragglers",
+            "--model.system.fraction=0.9",
+            f"--model.system.policy={policy}",
+            "--model.local_epochs=3",
+            "--data.num_clients=10",  # 10 selected: round(10 * 0.1) = 1 active device, 9 stragglers
+        )
+        run = latest_run(folder)
+        assert [s for s, _ in read_scalars(run)["sim/time_s"]] == [1, 2]
+        assert read_summary(run)["sim_time_s"] > 0
+        weights[policy] = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert any(not torch.equal(weights["drop"][k], weights["partial"][k]) for k in weights["drop"])

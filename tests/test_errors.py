@@ -15,6 +15,7 @@ from fl_lightning.data import (
     QuantitySkew,
     Rotation,
 )
+from fl_lightning.engine.system import Devices, Stragglers, SystemModel
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import CharLSTM, LogisticRegression
@@ -77,6 +78,24 @@ CASES = [
     (MixedSkew, "classes_per_client", [0], "data.partition.classes_per_client"),
     (CharLSTM, "hidden_size", [0, -1], "model.client.net.hidden_size"),
     (LogisticRegression, "input_dim", [0], "model.client.net.input_dim"),
+    (SystemModel, "deadline_s", [NAN, 0.0, -1.0, INF], "model.system.deadline_s"),
+    (SystemModel, "over_selection", [NAN, -0.5], "model.system.over_selection"),
+    (SystemModel, "target_accuracy", [NAN, 1.5], "model.system.target_accuracy"),
+    (SystemModel, "max_sim_time_s", [NAN, 0.0], "model.system.max_sim_time_s"),
+    (Devices, "speed", [NAN, 0.0, INF], "model.system.speed"),
+    (Devices, "speed_sigma", [NAN, -0.1], "model.system.speed_sigma"),
+    (Devices, "download_mbps", [NAN, 0.0], "model.system.download_mbps"),
+    (Devices, "upload_mbps", [NAN, -1.0], "model.system.upload_mbps"),
+    (Devices, "availability", [NAN, -0.1, 0.0, 1.5], "model.system.availability"),
+    (Devices, "dropout", [NAN, -0.1, 1.5], "model.system.dropout"),
+    (Devices, "day_s", [NAN, 0.0], "model.system.day_s"),
+    (Devices, "online_fraction", [NAN, 0.0, 1.5], "model.system.online_fraction"),
+    (Stragglers, "fraction", [NAN, -0.1, 1.1], "model.system.fraction"),
+    (Stragglers, "speed", [NAN, 0.0], "model.system.speed"),
+    (S.FedBuff, "server_lr", [NAN, 0.0], "model.strategy.server_lr"),
+    (S.FedAsync, "alpha", [NAN, 0.0, 1.5], "model.strategy.alpha"),
+    (S.FedAsync, "rho", [NAN, -1.0], "model.strategy.rho"),
+    (S.FedAsync, "a", [NAN, -1.0], "model.strategy.a"),
 ]
 PARAMS = [(cls, arg, bad, field) for cls, arg, values, field in CASES for bad in values]
 

@@ -11,7 +11,9 @@
 - :mod:`~fl_lightning.api.metrics`: ``TaskMetrics``, merged by state;
 - :mod:`~fl_lightning.api.client`: ``ClientModule``, the client LightningModule;
 - :mod:`~fl_lightning.api.attack`: ``SimulatedAttack``, malicious clients (``model.attack``, the ``Attack``
-  plug-in), applied by the engine.
+  plug-in), applied by the engine;
+- :mod:`~fl_lightning.api.asynchronous`: ``AsyncStrategy``, the base of asynchronous strategies (FedBuff,
+  FedAsync): what the server holds of an upload until it arrives, what it releases into the aggregate.
 
 Nothing here imports the engine, the Lightning or Flower adapters, the strategies or the CLI.
 """
@@ -19,6 +21,7 @@ Nothing here imports the engine, the Lightning or Flower adapters, the strategie
 from __future__ import annotations
 
 from fl_lightning.api.aggregation import Aggregator, Entry, weighted_mean
+from fl_lightning.api.asynchronous import DELTA, AsyncStrategy
 from fl_lightning.api.attack import SimulatedAttack
 from fl_lightning.api.buffers import TensorBuffers
 from fl_lightning.api.client import ClientModule, merge_train_states
@@ -47,11 +50,13 @@ from fl_lightning.api.types import (
 )
 
 __all__ = [
+    "DELTA",
     "HOOKS",
     "PERSONAL",
     "STRATEGIES",
     "TASKS",
     "Aggregator",
+    "AsyncStrategy",
     "ClientContext",
     "ClientModule",
     "ClientResult",

@@ -1,10 +1,12 @@
 """Callbacks: federated hooks for user callbacks, a round progress bar, the server lr per round,
-the end-of-run summary, communication to a target accuracy and ``predict``'s CSV writer."""
+the end-of-run summary, communication to a target accuracy, the global model on the clients' training data
+and ``predict``'s CSV writer."""
 
 from __future__ import annotations
 
 from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.callbacks.communication import CommunicationToTarget
+from fl_lightning.callbacks.global_train import GlobalTrainMetrics
 from fl_lightning.callbacks.lr_monitor import RoundLearningRateMonitor
 from fl_lightning.callbacks.predictions import PredictionWriter
 from fl_lightning.callbacks.progress import FederatedProgressBar
@@ -15,6 +17,7 @@ __all__ = [
     "FederatedCallback",
     "FederatedProgressBar",
     "FederatedSummary",
+    "GlobalTrainMetrics",
     "PredictionWriter",
     "RoundLearningRateMonitor",
     "summarize",

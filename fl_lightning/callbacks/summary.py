@@ -124,7 +124,8 @@ class FederatedSummary(Callback):
     def _finish(
         self, trainer: Trainer, pl_module: LightningModule, per_client: dict, reason: str | None
     ) -> None:
-        self.summary = summarize(pl_module.history, per_client, self._elapsed())
+        target = getattr(getattr(pl_module, "system", None), "target_accuracy", None)
+        self.summary = summarize(pl_module.history, per_client, self._elapsed(), target)
         self.summary["run_wall_time_s"] = self._before + self.summary["wall_time_s"]
         self.summary["max_steps"] = trainer.max_steps
         dm = getattr(trainer, "datamodule", None)
@@ -161,6 +162,14 @@ class FederatedSummary(Callback):
         if s["rounds_this_run"] < s["rounds"]:  # a resumed run: its starts together
             wall += f"; {s['run_wall_time_s']:.1f} s over all the run's starts"
         lines.append(wall)
+        if "sim_time_s" in s:
+            sim = f"  simulated time: {s['sim_time_s']:.6g} s"
+            if "sim_target" in s:
+                reached = s.get("sim_time_to_target_s")
+                sim += f" ({_pct(s['sim_target'])} {name} " + (
+                    f"after {reached:.6g} s)" if reached is not None else "not reached)"
+                )
+            lines.append(sim)
         if s.get("machine"):
             lines.append(f"  machine: {machine_text(s['machine'])}")
         lines.append(
@@ -251,7 +260,16 @@ def log_hparams_tab(
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """The summary's numbers as ``summary/<key>`` scalars (the HPARAMS tab's metric columns)."""
     m = summary.get("metric", "acc")
-    keys = ("rounds", f"final_global_{m}", f"best_global_{m}", "best_round", "bytes_total", "wall_time_s")
+    keys = (
+        "rounds",
+        f"final_global_{m}",
+        f"best_global_{m}",
+        "best_round",
+        "bytes_total",
+        "wall_time_s",
+        "sim_time_s",
+        "sim_time_to_target_s",
+    )
     out = {f"summary/{k}": float(summary[k]) for k in keys if summary.get(k) is not None}
     spread = summary.get(f"client_{m}")
     if spread:
@@ -318,9 +336,18 @@ def _last_checkpoint(trainer: Trainer) -> str | None:
 
 
 def summarize(
-    history: list[dict], per_client: dict[int, dict[str, float]], wall_time: float
+    history: list[dict],
+    per_client: dict[int, dict[str, float]],
+    wall_time: float,
+    target: float | None = None,
 ) -> dict[str, Any]:
-    """The summary numbers from the per-round history and the final per-client metrics."""
+    """The summary numbers from the per-round history and the final per-client metrics.
+
+    With a simulated clock (``model.system``, asynchronous strategies) also ``sim_time_s``, the simulated time
+    of the whole run, and with a ``target`` (``model.system.target_accuracy``) ``sim_target`` and
+    ``sim_time_to_target_s``, the simulated time at the end of the first round whose global metric reached it
+    (None: never).
+    """
     labelled = any("global/o_f1" in r for r in history) and not any("global/acc" in r for r in history)
     metric = "o_f1" if labelled else "acc"
     scores = [(r["round"], r[f"global/{metric}"]) for r in history if f"global/{metric}" in r]
@@ -339,6 +366,13 @@ def summarize(
         out[f"final_global_{metric}"] = scores[-1][1]
         out[f"best_global_{metric}"] = best
         out["best_round"] = best_round + 1
+    clocked = [r for r in history if "sim_time_s" in r]
+    if clocked:
+        out["sim_time_s"] = clocked[-1]["sim_time_s"]
+        if target is not None:
+            out["sim_target"] = target
+            hit = next((r for r in clocked if r.get(f"global/{metric}", -math.inf) >= target), None)
+            out["sim_time_to_target_s"] = None if hit is None else hit["sim_time_s"]
     reported = next((r["strategy"] for r in reversed(history) if r.get("strategy")), {})
     if reported:  # the strategy's scalars after its last reporting round, e.g. privacy/epsilon
         out.update(reported)

@@ -75,7 +75,7 @@ def run_client(work: Work, worker: ClientModule, initial: dict[str, torch.Tensor
             work.state(client_id),
             work.data[client_id],
             work.round,
-            work.local,
+            work.local_for(client_id),
             work.precision,
             work.eval_metrics(client_id),
         )
@@ -156,6 +156,7 @@ class Vectorized(Sequential):
                         work.round,
                         work.local,
                         work.precision,
+                        steps=work.group_steps(group),
                     )
                 except UnvectorizableError as err:  # a declared reason; any other error propagates
                     self.notice(
@@ -176,7 +177,7 @@ class Vectorized(Sequential):
                         work.data[cid],
                         done,
                         work.round,
-                        work.local,
+                        work.local_for(cid),
                         work.precision,
                         work.eval_metrics(cid),
                     )

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fl_lightning.api.aggregation import Aggregator
+from fl_lightning.api.asynchronous import AsyncStrategy, check_buffer
 from fl_lightning.api.client import ClientModule, merge_train_states
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import own_local_step
@@ -51,10 +53,11 @@ from fl_lightning.data.federated import ClientData
 from fl_lightning.engine.attack import SimulatedAttack, run_attack
 from fl_lightning.engine.local import LocalConfig, check_upload
 from fl_lightning.engine.state import ClientStateStore
+from fl_lightning.engine.system import Devices, RoundPlan, Setup, SystemModel
 from fl_lightning.engine.work import Executor, Work
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.sampling import sample_clients
-from fl_lightning.functional.tensor import derive_seed, module_device, payload_bytes
+from fl_lightning.functional.tensor import derive_seed, module_device, payload_bytes, shared_state
 
 if TYPE_CHECKING:
     from fl_lightning.api.strategy import Strategy
@@ -112,6 +115,8 @@ class EngineConfig:
         attack: Simulated malicious clients, ``model.attack`` (None: every client is honest, unless an
             ``Attack`` plug-in in the strategy declares them: :func:`~fl_lightning.engine.attack.run_attack`).
         eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.
+        system: The clients as devices on a simulated clock, with the round's straggler policy
+            (``model.system``; None: every client online, equally fast, finishing its work).
     """
 
     local: LocalConfig
@@ -121,6 +126,7 @@ class EngineConfig:
     max_failed_rounds: int = 3
     attack: SimulatedAttack | None = None
     eval_fraction: float = 1.0
+    system: SystemModel | None = None
 
     def __post_init__(self) -> None:
         """Refuse a bad value with one line naming its ``model.<field>`` (as the config spells it)."""
@@ -130,6 +136,10 @@ class EngineConfig:
             raise ConfigError(f"model.max_failed_rounds={self.max_failed_rounds} must be >= 1 (default 3)")
         hint = "e.g. 0.1 evaluates 10%"
         check_number(self.eval_fraction, "model.eval_fraction", low=0, high=1, low_open=True, hint=hint)
+        if self.system is not None and not isinstance(self.system, SystemModel):
+            raise ConfigError(
+                f"model.system={self.system!r} must be a SystemModel (Devices, Trace, Stragglers)"
+            )
 
     @property
     def seed(self) -> int:
@@ -197,6 +207,10 @@ class Engine:
         precision: A Lightning precision plugin for the clients' steps and evaluation (None: fp32).
         num_rounds: The rounds the run will do (-1: unknown); no stop is announced for the last one.
         attack: The run's simulated attack and where it was declared (set by :meth:`setup`; None: none).
+        clock: The simulated time in seconds (with a system model or an asynchronous strategy; part of the
+            checkpoint).
+        schedule: The asynchronous schedule of an :class:`~fl_lightning.api.asynchronous.AsyncStrategy`
+            (set by :meth:`setup`; None: synchronous rounds).
     """
 
     model: ClientModule
@@ -214,6 +228,9 @@ class Engine:
     _worker: ClientModule | None = field(default=None, repr=False)
     _local_metrics: TaskMetrics | None = field(default=None, repr=False)
     attack: tuple[str, SimulatedAttack] | None = None
+    clock: float = 0.0
+    schedule: Any = None
+    _system: SystemModel | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------------------ setup
     def setup(
@@ -254,6 +271,96 @@ class Engine:
         self.attack = run_attack(self.config.attack, self.strategy)
         if self.attack is not None:
             log.info("%s: clients %s are malicious", self.attack[0], sorted(self.malicious()))
+        self._bind_system()
+
+    def _bind_system(self) -> None:
+        """Bind the system model to the run (its devices, its checks) and, for an asynchronous strategy, make
+        its schedule; one ``ConfigError`` line for a configuration they cannot run."""
+        strategy, system = self.strategy, self.config.system
+        asynchronous = isinstance(strategy, AsyncStrategy)
+        inner = next((m for m in strategy.modules() if isinstance(m, AsyncStrategy)), None)
+        if inner is not None and not asynchronous:
+            raise ConfigError(
+                f"model.strategy: {type(strategy).__name__} cannot wrap {type(inner).__name__}, an "
+                "asynchronous strategy (its server steps consume arrivals, not rounds); use it on its own"
+            )
+        self._system, self.schedule = system, None
+        if system is None and not asynchronous:
+            return
+        if system is None:  # an asynchronous strategy needs a clock: equal devices
+            system = Devices(speed_sigma=0.0, bandwidth_sigma=0.0)
+            log.info(
+                "%s without model.system: every client an equal device (Devices with sigma 0)",
+                type(strategy).__name__,
+            )
+        local = self.config.local
+        nbytes = payload_bytes(
+            {"weights": shared_state(self.model, exclude=strategy.personal_names(self.model))}
+        )
+        system.bind(
+            Setup(
+                num_clients=self.num_clients,
+                seed=self.config.seed,
+                batch_size=local.batch_size,
+                full_steps=tuple(local.num_steps(d) for d in self.clients),
+                steps_per_epoch=tuple(d.steps_per_epoch(local.batch_size) for d in self.clients),
+                local_epochs=local.local_epochs if local.local_steps is None else None,
+                local_steps=local.local_steps,
+                bytes_down=nbytes,
+                bytes_up=nbytes,
+            )
+        )
+        self._system = system
+        log.info("model.system: %s", system.describe())
+        if asynchronous:
+            self.schedule = self._async_schedule(strategy, system)
+
+    def _async_schedule(self, strategy: AsyncStrategy, system: SystemModel) -> Any:
+        """The asynchronous schedule of ``strategy``, after refusing what it cannot run (one line each)."""
+        from fl_lightning.engine.asynchronous import AsyncSchedule  # the schedule builds on this module
+
+        name = type(strategy).__name__
+        rounds_only = type(system).plan is not SystemModel.plan  # a preset of round-level work (Stragglers)
+        if system.deadline_s is not None or system.over_selection > 0 or rounds_only:
+            what = (
+                f"model.system={type(system).__name__}"
+                if rounds_only
+                else "model.system.deadline_s"
+                if system.deadline_s is not None
+                else "model.system.over_selection"
+            )
+            raise ConfigError(
+                f"{what} shapes synchronous rounds; model.strategy={name} has none (a server step consumes "
+                "arrivals): unset it, or use model.system=Devices or Trace without a deadline"
+            )
+        if self.config.local.lr_decay != 1:
+            raise ConfigError(
+                f"model.lr_decay={self.config.local.lr_decay} decays the local lr per round; "
+                f"model.strategy={name} has no rounds: set it to 1"
+            )
+        cohort = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
+        in_flight = strategy.in_flight(cohort)
+        if in_flight > self.num_clients:
+            raise ConfigError(
+                f"model.strategy.concurrency={in_flight} is larger than data.num_clients={self.num_clients}: "
+                f"at most {self.num_clients} clients can be in flight"
+            )
+        buffer = strategy.buffer(in_flight)
+        if strategy.concurrency is None and buffer > in_flight:
+            raise ConfigError(
+                f"model.strategy.buffer_size={buffer} is larger than the {in_flight} clients in flight "
+                "(model.strategy.concurrency unset: the clients a round samples, model.clients_per_round or "
+                f"model.participation); set buffer_size <= {in_flight} or set concurrency"
+            )
+        check_buffer(buffer, in_flight, name)
+        log.info("%s: %d clients in flight, a server step every %d arrivals", name, in_flight, buffer)
+        return AsyncSchedule(self, strategy, in_flight, buffer)
+
+    @property
+    def system(self) -> SystemModel | None:
+        """The bound system model (``model.system``; for an asynchronous strategy without one, equal devices);
+        None: no simulated clock."""
+        return self._system
 
     def spec(self) -> RunSpec:
         """What the run is made of, for the strategy's :meth:`check`."""
@@ -304,10 +411,29 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ facts
     def sample(self, round: int) -> list[int]:
-        """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed."""
+        """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed (with a system
+        model: among the clients online when the round starts, :meth:`sample_online`)."""
+        if self._system is not None:
+            return self.sample_online(round, self._system.next_online_s(self.clock))[0]
         count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
         chosen = self.strategy.select_clients(self.num_clients, count, round, self.config.seed)
         return checked_selection(chosen, self.num_clients)
+
+    def sample_online(self, round: int, start_s: float) -> tuple[list[int], int]:
+        """The clients of ``round`` starting at simulated time ``start_s`` and how many were online.
+
+        ``strategy.select_clients`` draws ``K`` (``ceil((1 + r) K)`` with over-selection, at most the clients
+        online) among the online clients only, seeded as always: its indices map onto the online clients in
+        id order, so with every client online the draw is the one without a system model.
+        """
+        assert self._system is not None
+        online = self._system.online(round, start_s)
+        if not online:
+            return [], 0
+        count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
+        count = self._system.sample_count(count, len(online))
+        chosen = self.strategy.select_clients(len(online), count, round, self.config.seed)
+        return [online[i] for i in checked_selection(chosen, len(online))], len(online)
 
     def malicious(self) -> frozenset[int]:
         """The clients the run's simulated attack makes malicious (drawn once from the run seed)."""
@@ -325,11 +451,13 @@ class Engine:
         clients: list[int],
         message: Callable[[int], Payload] | None = None,
         state: Callable[[int], dict[str, torch.Tensor]] | None = None,
+        steps: dict[int, int] | None = None,
     ) -> Work:
         """What an executor needs to run ``clients``' work of ``round`` (-1: an evaluation).
 
         ``message`` and ``state`` default to the strategy's message and the store's state; a Flower
-        SuperNode passes the message it received and the state its node keeps.
+        SuperNode passes the message it received and the state its node keeps. ``steps``: the local steps
+        decided per client (a system model's partial work; None: ``local.num_steps`` each).
         """
         assert self.executor is not None and self.task is not None, "call setup() first"
         if message is None:
@@ -350,6 +478,7 @@ class Engine:
             worker=lambda: self.worker,
             metrics=self.metrics,
             local_metrics=lambda: self.local_metrics,
+            steps=steps,
         )
 
     def eval_sample(self, rounds_done: int) -> list[int] | None:
@@ -373,12 +502,24 @@ class Engine:
         watch = timed()
         step = step if step is not None else ServerStep(self.server_optimizer())
         listener = listener if listener is not None else RoundListener()
-        sampled = self.sample(round)
+        if self.schedule is not None:  # an asynchronous strategy: a server step consumes arrivals
+            return self.schedule.step(round, step, listener)
+        system, plan, start = self._system, None, self.clock
+        if system is None:
+            sampled = self.sample(round)
+        else:
+            start = system.next_online_s(self.clock)  # a day/night cycle: wait for a client to be online
+            sampled, online = self.sample_online(round, start)
         reason = self.strategy.stop_reason(round)
         if reason:  # e.g. resumed past a privacy budget: nothing has run, the checkpoint is untouched
             raise RunError(f"round {round} cannot run: {reason}")
+        if system is not None:
+            self.check_budget(round)
+            cohort = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
+            plan = system.plan(round, sampled, cohort) if sampled else RoundPlan([], {}, {})
+            plan.online, plan.wait_s = online, start - self.clock
         listener.round_start(round, sampled)
-        result = self._train(round, sampled, listener)
+        result = self._train(round, sampled, listener, plan)
         if result.info.aggregated:
             step.zero_grad()
             self.strategy.server_update(self.model, result.means, result.info)
@@ -386,23 +527,44 @@ class Engine:
             self.strategy.on_after_server_step(self.model, result.means, result.info)
         else:
             self._skip(round, result, step)
-        record = self._record(round, result, watch())
+        if plan is not None:
+            self.clock = start + plan.duration_s
+        record = self.round_record(round, result, watch(), plan)
         if self.executor is not None and self.executor.state_held:
             record["client_held_state"] = True  # the clients' state is not in this process's store
         self.history.append(record)
-        return RoundOutcome(record, result, self._stop_after(round))
+        return RoundOutcome(record, result, self.stop_after(round))
 
-    def _train(self, round: int, sampled: list[int], listener: RoundListener) -> RoundResult:
-        """Local work of the sampled clients, the attack, the failure policy and the aggregate."""
+    def _train(
+        self, round: int, sampled: list[int], listener: RoundListener, plan: RoundPlan | None = None
+    ) -> RoundResult:
+        """Local work of the sampled clients (with a system model: those the round's plan trains, each with
+        its steps), the attack, the failure policy and the aggregate."""
         assert self.executor is not None, "call setup() first"
         agg = self.strategy.aggregator()
         result = RoundResult(means={}, info=RoundInfo(round, sampled, [], self.num_clients))
+        work = self.work(round, sampled) if plan is None else self.work(round, plan.trained, steps=plan.steps)
+        self.collect(round, work, agg, result, listener)
+        if plan is not None:
+            self._dropouts(round, plan, result)
+        if not result.info.aggregated:  # every client failed: nothing to aggregate (the round is skipped)
+            return result
+        result.info.weight_totals = agg.weight_totals
+        result.means = self.strategy.process_aggregate(agg.means(), result.info)
+        result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
+        return result
+
+    def collect(
+        self, round: int, work: Work, agg: Aggregator, result: RoundResult, listener: RoundListener
+    ) -> None:
+        """Run ``work`` on the executor (this process's share), pass each outcome through the attack and the
+        failure policy into ``agg`` and ``result``, and gather them across processes."""
+        assert self.executor is not None, "call setup() first"
         device = module_device(self.model)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         malicious = self.malicious()
         vectorised = self.executor.counts["vectorised"]
-        work = self.work(round, sampled)
         mine = self.executor.share(work)
         work = dataclasses.replace(work, clients=tuple(mine))
         for index, (cid, message, outcome) in enumerate(self.executor.train(work)):
@@ -428,6 +590,8 @@ class Engine:
                 self.store.put(cid, res.state)
             result.info.aggregated.append(cid)
             result.client_metrics[cid] = dict(res.metrics, num_samples=res.num_samples)
+            if work.steps is not None:  # the steps it actually ran (z_client/<id>/steps)
+                result.client_metrics[cid]["steps"] = work.steps[cid]
             result.train_states[cid] = res.train_state
             result.bytes_down += res.bytes_down
             result.bytes_up += res.bytes_up
@@ -437,12 +601,27 @@ class Engine:
         result.vectorised = self.executor.counts["vectorised"] - vectorised
         for cid, state in self.executor.gather(work, agg, result).items():  # trained by another process
             self.store.put(cid, state)
-        if not result.info.aggregated:  # every client failed: nothing to aggregate (the round is skipped)
-            return result
-        result.info.weight_totals = agg.weight_totals
-        result.means = self.strategy.process_aggregate(agg.means(), result.info)
-        result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
-        return result
+
+    def _dropouts(self, round: int, plan: RoundPlan, result: RoundResult) -> None:
+        """The plan's mid-round dropouts are failed clients of the round (after the processes' exchange: every
+        process adds the same), under the failure policy; a round with nobody online is skipped."""
+        if not plan.sampled:
+            result.error = "no client was online when the round sampled"
+            return
+        if not plan.steps and not plan.dropped_out:
+            result.error = "every sampled client was late (model.system.policy=drop)"
+        if not plan.dropped_out:
+            return
+        cid = plan.dropped_out[0]
+        if not self.config.tolerate_client_failures:
+            raise RunError(
+                f"round {round}: client {cid} dropped out mid-round (model.system) and "
+                "model.tolerate_client_failures=false stops the run; set it to true to count dropouts as "
+                "failed clients"
+            )
+        result.failed = sorted(result.failed + plan.dropped_out)
+        result.error = result.error or f"client {cid}: dropped out mid-round (model.system)"
+        log.debug("round %d: clients %s dropped out mid-round", round, plan.dropped_out)
 
     def _accept(
         self, round: int, cid: int, message: Payload, outcome: ClientResult | BaseException, malicious: bool
@@ -460,10 +639,20 @@ class Engine:
         """A round in which every sampled client failed: no server update, but the round counts.
 
         After ``max_failed_rounds`` consecutive skipped rounds (counted from the history, so it survives a
-        resume) the run stops with one line quoting the first client's error.
+        resume) the run stops with one line quoting the first client's error. A round whose system model left
+        no work to aggregate without any client failing (every client late under ``policy: drop``, or none
+        online) is skipped too, with an INFO line, and is not counted: it neither adds to a streak of failed
+        rounds nor ends one.
         """
+        if not result.failed:
+            log.info(
+                "round %d: no client's work to aggregate (%s); global model unchanged", round, result.error
+            )
+            step.skip()
+            return
         limit = self.config.max_failed_rounds
-        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), reversed(self.history)))
+        counted = (r for r in reversed(self.history) if not r.get("skipped") or r.get("failed"))
+        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), counted))
         if failed >= limit:
             raise RunError(
                 f"round {round}: every sampled client failed for {failed} consecutive rounds "
@@ -480,9 +669,25 @@ class Engine:
         )
         step.skip()
 
-    def _record(self, round: int, result: RoundResult, seconds: float) -> dict[str, Any]:
+    def round_record(
+        self, round: int, result: RoundResult, seconds: float, plan: RoundPlan | None = None
+    ) -> dict[str, Any]:
+        """The round's record for the history (and the logs): its facts, and with a system model its
+        simulated time, its clients' fates and the steps each trained client ran."""
         lr = self.config.local.lr_decay**round * float(getattr(self.model, "lr", 0.0))
         reported = dict(self.strategy.round_metrics())
+        simulated = {}
+        if plan is not None:
+            simulated = {
+                "sim_round_s": plan.wait_s + plan.duration_s,
+                "sim_time_s": self.clock,
+                "online_clients": plan.online,
+                "late_clients": len(plan.late),
+                "partial_clients": len(plan.partial),
+                "discarded_clients": len(plan.discarded),
+                "dropped_out": len(plan.dropped_out),
+                "client_steps": dict(plan.steps),
+            }
         return {
             "round": round,
             "clients": len(result.info.sampled),
@@ -496,18 +701,55 @@ class Engine:
             **({"strategy": reported} if reported else {}),  # e.g. privacy/epsilon
             **({} if result.peak_memory_gb is None else {"peak_memory_gb": result.peak_memory_gb}),
             **({"vectorised_clients": result.vectorised} if self.config.local.vectorize > 1 else {}),
+            **simulated,
             "this_run": True,
         }
 
-    def _stop_after(self, round: int) -> str:
-        """Why the run must end after ``round`` (the strategy refuses the next one), "" to go on."""
+    def stop_after(self, round: int) -> str:
+        """Why the run must end after ``round`` (the strategy refuses the next one, or the simulated time
+        budget is spent), "" to go on."""
         nxt = round + 1
         if 0 <= self.num_rounds <= nxt:
             return ""
-        reason = self.strategy.stop_reason(nxt)
+        reason = self.strategy.stop_reason(nxt) or self._budget_spent()
         if reason:
             log.warning("stopping after round %d (%d rounds done): %s", round, nxt, reason)
         return reason
+
+    def _budget_spent(self) -> str:
+        system = self._system
+        budget = None if system is None else system.max_sim_time_s
+        if budget is None or self.clock < budget:
+            return ""
+        return (
+            f"the simulated time budget is spent (sim/time_s={self.clock:.6g} >= "
+            f"model.system.max_sim_time_s={budget:g})"
+        )
+
+    def check_budget(self, round: int) -> None:
+        """Refuse a round after the simulated time budget is spent (a resumed run), before anything runs."""
+        reason = self._budget_spent()
+        if reason:
+            raise RunError(f"round {round} cannot run: {reason}")
+
+    # ------------------------------------------------------------------------------------ checkpoint
+    def schedule_state(self) -> dict[str, Any] | None:
+        """The simulated clock and the asynchronous schedule's clients in flight, for the checkpoint (None:
+        no simulated clock)."""
+        if self._system is None:
+            return None
+        state: dict[str, Any] = {"clock": self.clock}
+        if self.schedule is not None:
+            state["async"] = self.schedule.state_dict()
+        return state
+
+    def load_schedule_state(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`schedule_state` (after :meth:`setup`)."""
+        if self._system is None or state is None:
+            return
+        self.clock = float(state["clock"])
+        if self.schedule is not None and "async" in state:
+            self.schedule.load_state_dict(state["async"])
 
     def check_resume(self) -> None:
         """Refuse to continue a restored history whose clients kept their state themselves (a Flower run)

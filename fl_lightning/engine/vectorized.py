@@ -288,13 +288,15 @@ def train_stacked(
     round: int,
     config: LocalConfig,
     precision: Any = None,
+    steps: list[int] | None = None,
 ) -> list[Trained]:
     """The local steps of ``len(datas)`` clients as one computation on ``stack``; each client's result.
 
     The steps are the sequential round's own (:func:`~fl_lightning.engine.local.local_optimizer` and
     :func:`~fl_lightning.engine.local.local_steps`) on the stacked worker and a stacked context, over the
     clients' batches stacked per step (:func:`_stacked_batches`); after each step, the clients whose last
-    step it was are taken out (:func:`_take`).
+    step it was are taken out (:func:`_take`). Each client runs ``config.num_steps`` of its data, or its entry
+    of ``steps`` (the engine's decision, e.g. a straggler's partial work).
 
     Raises :class:`UnvectorizableError` for a declared reason before any client's result is used (the
     executor then trains the group one client at a time, with a notice naming the reason); any other error
@@ -306,7 +308,7 @@ def train_stacked(
     device = module_device(stack)
     if any(d.x is not datas[0].x or d.y is not datas[0].y for d in datas):
         raise UnvectorizableError("the clients do not index one shared data tensor")
-    steps = [config.num_steps(d) for d in datas]
+    steps = [config.num_steps(d) for d in datas] if steps is None else list(steps)
     ctx = ClientContext(
         -1,
         round,

@@ -10,9 +10,10 @@ hands back each client's outcome and never sees the engine, its store or its pol
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,9 @@ class Work:
         local_metrics: ``local_metrics()`` are the metrics of a freshly trained client on its local test split
             (one set, reset per client; made on first use, so a run whose clients have no local test split
             never makes it). None: not evaluated.
+        steps: The local steps the engine decided for each client (``model.system``: a straggler's partial
+            work, FedProx's stragglers), which the executor runs exactly (:meth:`local_for`); None: every
+            client runs ``local.num_steps`` of its data.
     """
 
     round: int
@@ -72,6 +76,21 @@ class Work:
     worker: Callable[[], ClientModule]
     metrics: Callable[[], TaskMetrics]
     local_metrics: Callable[[], TaskMetrics] | None = None
+    steps: Mapping[int, int] | None = None
+
+    def local_for(self, client_id: int) -> LocalConfig:
+        """How client ``client_id`` trains: :attr:`local`, with its local steps set to the engine's decision
+        for it when :attr:`steps` has one."""
+        if self.steps is None or client_id not in self.steps:
+            return self.local
+        return dataclasses.replace(self.local, local_steps=int(self.steps[client_id]))
+
+    def group_steps(self, clients: Sequence[int]) -> list[int] | None:
+        """The local steps of ``clients`` (a vectorised group) as :meth:`local_for` sets them; None when the
+        engine decided none (each runs ``local.num_steps``)."""
+        if self.steps is None:
+            return None
+        return [self.local_for(c).num_steps(self.data[c]) for c in clients]
 
     def eval_metrics(self, client_id: int) -> TaskMetrics | None:
         """The metrics of a client's freshly trained model on its local test split (None: it has none)."""

@@ -40,7 +40,7 @@ from fl_lightning.api.types import ClientResult
 from fl_lightning.engine.local import check_upload, evaluate_deployed
 from fl_lightning.engine.work import Work
 from fl_lightning.errors import ConfigError
-from fl_lightning.flower.executor import NUM_PARTITIONS, PARTITION_ID, node_answer
+from fl_lightning.flower.executor import LOCAL_STEPS, NUM_PARTITIONS, PARTITION_ID, node_answer
 from fl_lightning.flower.federation import Federation, cached_federation, cached_node_federation, cached_run
 from fl_lightning.flower.records import (
     CONFIG,
@@ -237,8 +237,11 @@ def _checked_client(msg: Message, context: Context, fed: Federation) -> int:
 
 def _client_work(msg: Message, context: Context, fed: Federation, round: int) -> Work:
     """The node engine's work for the one client the message is for: its message is the payload the server
-    sent, its state the one the node keeps in ``context.state``."""
+    sent, its state the one the node keeps in ``context.state``, its local steps the server's decision when
+    the message carries one (``model.system``)."""
     cid = _checked_client(msg, context, fed)
     payload = records_to_payload(msg.content, fed.device)
     state = load_client_state(context.state, cid)
-    return fed.module.engine.work(round, [cid], message=lambda _: payload, state=lambda _: state)
+    config = msg.content.config_records[CONFIG]
+    steps = {cid: int(config[LOCAL_STEPS])} if LOCAL_STEPS in config else None
+    return fed.module.engine.work(round, [cid], message=lambda _: payload, state=lambda _: state, steps=steps)

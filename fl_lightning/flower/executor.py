@@ -63,6 +63,8 @@ log = logging.getLogger("fl_lightning")
 
 #: Keys of a node's ``node_config`` (``flower-supernode --node-config``; set by the simulation).
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
+#: Key of a ``train`` message's config: the local steps the engine decided for its client (``model.system``).
+LOCAL_STEPS = "local-steps"
 #: Key of a ``query`` answer: ``"node"`` when the node trains on its own files (``data-dir``), else
 #: ``"partition"`` (its share of the config's dataset).
 DATA_SOURCE = "data"
@@ -237,7 +239,10 @@ class FlowerExecutor(Executor):
             key = tuple((g, n, id(t)) for g, ts in payload.items() for n, t in ts.items())
             if key not in converted:
                 converted[key] = payload_to_records(payload)
-            content = RecordDict({**converted[key], CONFIG: ConfigRecord({"round": round, "client-id": cid})})
+            config = {"round": round, "client-id": cid}
+            if work.steps is not None and cid in work.steps:  # the engine's decision (model.system)
+                config[LOCAL_STEPS] = int(work.steps[cid])
+            content = RecordDict({**converted[key], CONFIG: ConfigRecord(config)})
             ttl = {"ttl": self.timeout} if self.timeout else {}  # a message nobody took in time expires
             messages.append(
                 Message(content, dst_node_id=self.nodes[cid], message_type=kind, group_id=str(round), **ttl)
@@ -383,6 +388,7 @@ def node_answer(pid: int, parts: int, msg: Message, own_data: bool = False) -> M
 
 __all__ = [
     "DATA_SOURCE",
+    "LOCAL_STEPS",
     "NUM_PARTITIONS",
     "PARTITION_ID",
     "ClientFailedError",

@@ -29,6 +29,7 @@ from fl_lightning.engine.executors import Executor, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
 from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
 from fl_lightning.engine.state import ClientStateStore
+from fl_lightning.engine.system import SystemModel
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import to_device
 from fl_lightning.lightning.checkpoint import attached_trainer, check_resume, hyperparameters
@@ -73,6 +74,11 @@ class FederatedModule(LightningModule):
             ``w^t - scale * Delta_k`` (``sign_flip``) or ``w^t + scale * Delta_k`` (``scale``) instead of
             their update ``Delta_k``. Works with any strategy; test a defence with ``model.strategy``
             Median, TrimmedMean, Krum or NormBounded.
+        system: The clients as devices on a simulated clock (null: off; every client online, equally fast,
+            finishing its work): ``Devices`` (seeded speed, bandwidth, availability, dropout), ``Trace`` (a
+            CSV file) or ``Stragglers`` (FedProx's, with ``fraction``), with a round ``deadline_s``,
+            ``policy`` (``drop`` or ``partial`` work past it) and ``over_selection``. Logs
+            ``round/sim_time_s`` and ``sim/time_s``; see README, "System heterogeneity".
         participation: Fraction of clients sampled per round, in (0, 1].
         clients_per_round: A fixed number of clients per round (overrides ``participation``).
         local_epochs: Local passes over the client's data per round (ignored if ``local_steps``).
@@ -123,6 +129,7 @@ class FederatedModule(LightningModule):
         client: ClientModule = _DEFAULT_CLIENT,
         strategy: Strategy = _DEFAULT_STRATEGY,
         attack: SimulatedAttack | None = None,
+        system: SystemModel | None = None,
         participation: float = 1.0,
         clients_per_round: int | None = None,
         local_epochs: int = 2,
@@ -155,6 +162,7 @@ class FederatedModule(LightningModule):
         self.strategy = FedAvg() if strategy is _DEFAULT_STRATEGY else strategy
         self.automatic_optimization = False
         self.eval_clients_every = eval_clients_every
+        self.system = system
         self.seed = seed
         self.threads_per_process = threads_per_process
         local = LocalConfig(  # the engine's configuration checks its own fields (one-line errors)
@@ -176,6 +184,7 @@ class FederatedModule(LightningModule):
             max_failed_rounds=max_failed_rounds,
             attack=attack,
             eval_fraction=eval_fraction,
+            system=system,
         )
         budget = None if state_memory_mb is None else int(state_memory_mb * 2**20)
         self.engine = Engine(self.client, self.strategy, config, ClientStateStore(budget, state_dir))
@@ -357,6 +366,8 @@ class FederatedModule(LightningModule):
             on_epoch=False,
             batch_size=1,
         )
+        if "sim_time_s" in record:  # model.system or an asynchronous strategy: the simulated clock
+            self.log_dict(simulated_scalars(record), on_step=True, on_epoch=False, batch_size=1)
         if record.get("strategy"):
             self.log_dict(record["strategy"], on_step=True, on_epoch=False, batch_size=1)
         train = {f"train/{k.removeprefix('train_')}": v for k, v in res.train_metrics.items()}
@@ -506,11 +517,13 @@ class FederatedModule(LightningModule):
     def fingerprint(self) -> dict[str, Any]:
         """Facts a checkpoint must share with the current config to be resumed or evaluated."""
         shapes = {k: list(v.shape) for k, v in self.client.state_dict().items()}
+        system = {"model.system": type(self.system).__name__} if self.system is not None else {}
         return {
             **self.datamodule.fingerprint(),
             "model.seed": self.seed,
             "model.strategy": type(self.strategy).__name__,
             "model.client.net": shapes,
+            **system,
         }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -520,6 +533,9 @@ class FederatedModule(LightningModule):
             "client_state": self.store.state_dict(),
             "history": self.history,
         }
+        schedule = self.engine.schedule_state()
+        if schedule is not None:  # the simulated clock, an asynchronous schedule's clients in flight
+            checkpoint["fl_lightning"]["schedule"] = schedule
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         fl = checkpoint.get("fl_lightning")
@@ -530,6 +546,7 @@ class FederatedModule(LightningModule):
         check_resume(self, checkpoint, self.fingerprint())
         self.store.load_state_dict(fl["client_state"])
         self.history[:] = [dict(r, this_run=False) for r in fl["history"]]
+        self.engine.load_schedule_state(fl.get("schedule"))
         self.engine.check_resume()
         self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
 
@@ -625,6 +642,32 @@ def check_trainer_options(trainer: Any) -> None:
             f"trainer.max_epochs={max_epochs}: one epoch holds all rounds; set trainer.max_steps (the number "
             "of rounds) and model.local_epochs (local passes per round) instead"
         )
+
+
+#: Round-record keys of the simulated clock and what they are logged as (``round/...`` per round).
+SIMULATED = {
+    "sim_round_s": "round/sim_time_s",
+    "sim_time_s": "sim/time_s",
+    "online_clients": "round/online_clients",
+    "late_clients": "round/late_clients",
+    "partial_clients": "round/partial_clients",
+    "discarded_clients": "round/discarded_clients",
+    "dropped_out": "round/dropped_out",
+    "staleness_mean": "round/staleness_mean",
+    "staleness_max": "round/staleness_max",
+    "dispatched": "round/dispatched",
+    "in_flight": "round/in_flight",
+}
+
+
+def simulated_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The scalars of a round's simulated clock (:data:`SIMULATED`) and the mean local steps of the clients
+    whose work was used (``round/local_steps``)."""
+    out = {tag: float(record[key]) for key, tag in SIMULATED.items() if key in record}
+    steps = record.get("client_steps")
+    if steps:
+        out["round/local_steps"] = sum(steps.values()) / len(steps)
+    return out
 
 
 def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:

@@ -21,9 +21,11 @@ from fl_lightning.api import (
 )
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
+from fl_lightning.strategies.fedasync import FedAsync
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.fedavg_sar import FedAvgSAR
 from fl_lightning.strategies.fedavgm import FedAvgM
+from fl_lightning.strategies.fedbuff import FedBuff
 from fl_lightning.strategies.fedcm import FedCM
 from fl_lightning.strategies.feddc import FedDC
 from fl_lightning.strategies.feddecorr import FedDecorr
@@ -65,9 +67,11 @@ __all__ = [
     "Ditto",
     "FastSlow",
     "FedAdam",
+    "FedAsync",
     "FedAvg",
     "FedAvgM",
     "FedAvgSAR",
+    "FedBuff",
     "FedCM",
     "FedCOG",
     "FedDC",

@@ -48,6 +48,13 @@ class RunData:
         values = self.scalars.get(tag)
         return values[-1][1] if values else None
 
+    def target_step(self) -> int | None:
+        """The first step (rounds done) at which the target tag reached the target value, else None."""
+        if self.target is None:
+            return None
+        tag, value = self.target
+        return next((s for s, v in self.scalars.get(tag or f"global/{self.metric}", []) if v >= value), None)
+
     def target_reached(self) -> tuple[int, float] | None:
         """``(round, bytes)`` when the target tag first reached the target value, else None."""
         if self.target is None:
@@ -112,6 +119,14 @@ def _to_target_mib(d: RunData) -> float | None:
     return None if hit is None else hit[1] / 2**20
 
 
+def _to_target_sim(d: RunData) -> float | None:
+    """The simulated clock (``sim/time_s``) at the round that first reached the target."""
+    step = d.target_step()
+    if step is None:
+        return None
+    return next((v for s, v in d.scalars.get("sim/time_s", []) if s == step), None)
+
+
 _MIB, _KIB = 1 / 2**20, 1 / 2**10
 
 
@@ -147,6 +162,20 @@ COLUMNS: dict[str, Column] = {
             _to_target_rounds,
         ),
         Column("mib_to_target", "MiB to {target}", 2, "bytes down + up until then", _to_target_mib),
+        Column(
+            "sim_s",
+            "sim time (s)",
+            1,
+            "simulated time of the run (model.system: the clients' download, computation and upload)",
+            _summary_num("sim_time_s"),
+        ),
+        Column(
+            "sim_s_to_target",
+            "sim s to {target}",
+            1,
+            "simulated time (sim/time_s) at the first round whose {tag} reached the target",
+            _to_target_sim,
+        ),
         Column("wall_s", "wall (s)", 1, "wall time of the run (all its starts)", _run_wall, False),
         Column("s_per_round", "s/round", 3, "mean time per round", _summary_num("mean_round_s"), False),
         Column("mib", "MiB", 2, "bytes down + up, all rounds", _summary_num("bytes_total", _MIB)),

@@ -105,3 +105,43 @@ def test_16_mixed_asked_on_a_cpu_is_summarised_as_the_bf16_that_ran(tmp_path, ca
     summary = read_summary(tmp_path / "lightning_logs" / "version_0")
     assert summary["machine"]["precision"] == "bf16-mixed"
     assert "1 thread, bf16-mixed precision" in caplog.text  # the summary's machine line
+
+
+def test_the_summary_reports_the_simulated_time_and_the_time_to_the_target():
+    from fl_lightning.callbacks.summary import summarize
+
+    def rec(r, acc, clock):
+        return {
+            "round": r,
+            "time_s": 0.1,
+            "bytes_down": 1,
+            "bytes_up": 1,
+            "global/acc": acc,
+            "sim_time_s": clock,
+        }
+
+    history = [rec(0, 0.5, 10.0), rec(1, 0.8, 25.0), rec(2, 0.7, 40.0)]
+    s = summarize(history, {}, 1.0, target=0.75)
+    assert s["sim_time_s"] == 40.0 and s["sim_target"] == 0.75 and s["sim_time_to_target_s"] == 25.0
+    assert summarize(history, {}, 1.0, target=0.9)["sim_time_to_target_s"] is None  # never reached
+    assert "sim_target" not in summarize(history, {}, 1.0)
+    plain = [{k: v for k, v in r.items() if k != "sim_time_s"} for r in history]
+    assert "sim_time_s" not in summarize(plain, {}, 1.0, target=0.75)  # no simulated clock
+    assert hparam_metrics(s | {"metric": "acc"})["summary/sim_time_s"] == 40.0
+
+
+def test_a_run_with_a_system_model_writes_its_simulated_time(tmp_path):
+    from fl_lightning.engine.system import Devices
+    from fl_lightning.lightning.trainer import federated_trainer
+    from fl_lightning.runs import read_summary
+
+    from conftest import make_data, make_module
+
+    module = make_module(system=Devices(target_accuracy=0.05))
+    trainer = federated_trainer(
+        max_steps=2, default_root_dir=str(tmp_path), enable_progress_bar=False, accelerator="cpu"
+    )
+    trainer.fit(module, datamodule=make_data())
+    s = read_summary(trainer.log_dir)
+    assert s["sim_time_s"] == pytest.approx(module.engine.clock) and s["sim_target"] == 0.05
+    assert s["sim_time_to_target_s"] == pytest.approx(module.history[0]["sim_time_s"])

@@ -1,10 +1,13 @@
 """Every policy on every path: the same stop round and the same global weights.
 
 Each policy — a DP budget that stops the run (``privacy/*`` reported), ``model.attack``, failure tolerance
-on and off, ``max_failed_rounds``, and resume — runs under one process, vectorised clients, two processes
-(DDP, gloo) and Flower's grid (in-process nodes running the ClientApp). The engine owns every policy, so
-each path must end at the same round with the same global model (within 1e-5: two processes sum their
-clients' uploads in another order) as the one-process run. The two-process column is ``slow``.
+on and off, ``max_failed_rounds``, resume, and the client system model (FedProx's stragglers with partial
+work; devices with availability, mid-round dropout, a deadline cutting work and over-selection; FedBuff's
+asynchronous schedule, resumed with clients in flight) — runs under one process, vectorised clients, two
+processes (DDP, gloo) and Flower's grid (in-process nodes running the ClientApp). The engine owns every
+policy, so each path must end at the same round with the same global model (within 1e-5: two processes sum
+their clients' uploads in another order) and the same simulated clock as the one-process run. The
+two-process column is ``slow``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,36 @@ POLICIES: dict[str, tuple[list[str], int, int | None]] = {
     # a strategy whose clients keep no state: a Flower node keeps its client's state in the Flower run's
     # context, which a resumed (new) Flower run does not have (test_executor.py: refused with one line)
     "resume": ([*COMMON, "--model.strategy=FedAvgM", "--model.strategy.server_lr=0.5"], 2, 4),
+    # the engine decides each client's steps; the executors (Flower's message included) run exactly them
+    "stragglers_partial": (
+        [
+            *COMMON,
+            "--model.system=Stragglers",
+            "--model.system.fraction=0.5",
+            "--model.system.policy=partial",
+        ],
+        3,
+        None,
+    ),
+    "devices_deadline": (
+        [
+            *COMMON,
+            "--model.strategy=FedNova",
+            "--model.system=Devices",
+            "--model.system.deadline_s=1.2",
+            "--model.system.policy=partial",
+            "--model.system.over_selection=0.5",
+            "--model.system.availability=0.8",
+            "--model.system.dropout=0.2",
+        ],
+        4,
+        None,
+    ),
+    "fedbuff_resume": (
+        [*COMMON, "--model.strategy=FedBuff", "--model.system=Devices", "--model.system.dropout=0.1"],
+        2,
+        4,
+    ),
 }
 
 
@@ -185,6 +218,18 @@ def _expected(policy: str, base: Outcome) -> None:
         assert base.rounds == 1 and "every sampled client failed for 2 consecutive rounds" in base.error
     elif policy == "resume":
         assert base.rounds == 4 and [r["this_run"] for r in records] == [False, False, True, True]
+    elif policy == "stragglers_partial":
+        assert base.rounds == 3 and all(r["partial_clients"] == 1 for r in records)  # round(1.5) = 2 active
+        assert all(sorted(r["client_steps"].values()) in ([1, 3, 3], [2, 3, 3]) for r in records)
+    elif policy == "devices_deadline":
+        assert base.rounds == 4 and sum(r["partial_clients"] for r in records) > 0
+        assert sum(r["dropped_out"] for r in records) > 0 and sum(r["discarded_clients"] for r in records) > 0
+        assert [r["failed"] for r in records] == [r["dropped_out"] for r in records]
+    elif policy == "fedbuff_resume":
+        assert base.rounds == 4 and [r["this_run"] for r in records] == [False, False, True, True]
+    if policy in ("stragglers_partial", "devices_deadline", "fedbuff_resume"):
+        clock = [r["sim_time_s"] for r in records]
+        assert clock == sorted(clock) and clock[0] > 0
 
 
 def _sampled(rounds: int) -> list[list[int]]:
@@ -204,7 +249,10 @@ def test_a_policy_holds_on_every_path(tmp_path, baseline, monkeypatch, policy, p
     base = baseline(policy)
     if path == "one_process":
         _expected(policy, base)
-        if policy == "resume":  # the resumed run is bit-identical to the uninterrupted one
+        if policy in (
+            "resume",
+            "fedbuff_resume",
+        ):  # the resumed run is bit-identical to the uninterrupted one
             args, _, rounds = POLICIES[policy]
             _in_process(
                 tmp_path,
@@ -221,6 +269,8 @@ def test_a_policy_holds_on_every_path(tmp_path, baseline, monkeypatch, policy, p
     for name in base.weights:
         torch.testing.assert_close(other.weights[name], base.weights[name], rtol=0, atol=ATOL)
     assert [r["failed"] for r in other.history] == [r["failed"] for r in base.history]
+    for key in ("sim_time_s", "client_steps", "staleness_max"):  # the simulated clock and the steps taken
+        assert [r.get(key) for r in other.history] == [r.get(key) for r in base.history]
     reported = [r.get("strategy", {}) for r in base.history]  # e.g. privacy/epsilon
     assert [r.get("strategy", {}).keys() for r in other.history] == [r.keys() for r in reported]
     for mine, theirs in zip(other.history, reported, strict=True):

@@ -356,3 +356,28 @@ def test_a_client_that_cannot_be_evaluated_is_left_out_or_one_run_error(caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("client 0 (node 1000) could not be evaluated: ValueError: bad; left out" in w for w in warned)
     assert any("client 1 (node 1001) could not be evaluated: no reply; left out" in w for w in warned)
+
+
+def test_a_train_message_carries_the_local_steps_the_engine_decided():
+    """``model.system``'s partial work reaches the nodes: each ``train`` message's config names its client's
+    steps, and the ClientApp's Work runs exactly them (its ``local_for``)."""
+    import dataclasses
+
+    from fl_lightning.flower.executor import LOCAL_STEPS
+
+    grid = FakeGrid(4, _train_reply)
+    work = dataclasses.replace(_work(), steps={0: 3, 1: 1, 2: 7, 3: 2})
+    list(FlowerExecutor(grid, wait_for_nodes=1).train(work))
+    trained = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert {cid_of(m): m.content.config_records[CONFIG][LOCAL_STEPS] for m in trained} == {
+        0: 3,
+        1: 1,
+        2: 7,
+        3: 2,
+    }
+    assert work.local_for(2).num_steps(work.data[2]) == 7 and work.local_for(2).batch_size == 8
+    plain = FakeGrid(4, _train_reply)
+    list(FlowerExecutor(plain, wait_for_nodes=1).train(_work()))  # no decision: no steps in the message
+    assert not any(
+        LOCAL_STEPS in m.content.config_records[CONFIG] for m in plain.sent if m.content.config_records
+    )

@@ -30,3 +30,21 @@ def test_summary_columns_read_their_summary_key_in_the_printed_unit(tmp_path, ke
 
 def test_the_wall_column_of_a_summary_written_before_run_wall_time_is_its_last_start(tmp_path):
     assert COLUMNS["wall_s"].read(RunData(tmp_path, summary(0.9, 0.9, wall=7.0), None)) == 7.0
+
+
+def test_the_simulated_time_columns(tmp_path):
+    """``sim_s`` reads summary.json's ``sim_time_s``; ``sim_s_to_target`` reads ``sim/time_s`` at the first
+    round whose global accuracy reached the target."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = craft_run(tmp_path / "seed0", summary(0.8, 0.8) | {"sim_time_s": 42.5}, acc_curve=[0.5, 0.75, 0.8])
+    writer = SummaryWriter(str(run))
+    for step, clock in enumerate([10.0, 25.0, 42.5], 1):
+        writer.add_scalar("sim/time_s", clock, step)
+    writer.close()
+    data = RunData(run, summary(0.8, 0.8) | {"sim_time_s": 42.5}, (None, 0.75))
+    assert COLUMNS["sim_s"].read(data) == 42.5 and data.target_step() == 2
+    assert COLUMNS["sim_s_to_target"].read(data) == 25.0
+    assert COLUMNS["sim_s_to_target"].read(RunData(run, summary(0.8, 0.8), (None, 0.9))) is None
+    assert COLUMNS["sim_s"].read(RunData(run, summary(0.8, 0.8), None)) is None  # no simulated clock
+    assert COLUMNS["sim_s"].checked and COLUMNS["sim_s_to_target"].checked  # deterministic: --check compares

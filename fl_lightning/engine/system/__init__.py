@@ -1,0 +1,24 @@
+"""The client system model (``model.system``): devices on a simulated clock and the straggler policy.
+
+- :mod:`~fl_lightning.engine.system.base`: :class:`SystemModel`, a client's time (download + computation +
+  upload), availability, dropout, the deadline (drop or partial work) and over-selection of a round;
+- :mod:`~fl_lightning.engine.system.devices`: :class:`Devices`, devices drawn from seeded distributions;
+- :mod:`~fl_lightning.engine.system.trace`: :class:`Trace`, devices read from a CSV file;
+- :mod:`~fl_lightning.engine.system.stragglers`: :class:`Stragglers`, FedProx's stragglers (Sec. 5.2);
+- :mod:`~fl_lightning.engine.system.profiles`, :mod:`~fl_lightning.engine.system.setup`,
+  :mod:`~fl_lightning.engine.system.plan`: the devices, the run they time, a round's plan.
+
+The math is in :mod:`fl_lightning.functional.system`.
+"""
+
+from __future__ import annotations
+
+from fl_lightning.engine.system.base import SystemModel
+from fl_lightning.engine.system.devices import Devices
+from fl_lightning.engine.system.plan import RoundPlan
+from fl_lightning.engine.system.profiles import Profiles
+from fl_lightning.engine.system.setup import Setup
+from fl_lightning.engine.system.stragglers import Stragglers
+from fl_lightning.engine.system.trace import Trace
+
+__all__ = ["Devices", "Profiles", "RoundPlan", "Setup", "Stragglers", "SystemModel", "Trace"]
