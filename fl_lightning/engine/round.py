@@ -483,6 +483,7 @@ class Engine:
     def _record(self, round: int, result: RoundResult, seconds: float) -> dict[str, Any]:
         lr = self.config.local.lr_decay**round * float(getattr(self.model, "lr", 0.0))
         reported = dict(self.strategy.round_metrics())
+        facts = self.executor.facts() if self.executor is not None else {}
         return {
             "round": round,
             "clients": len(result.info.sampled),
@@ -495,7 +496,8 @@ class Engine:
             **result.train_metrics,
             **({"strategy": reported} if reported else {}),  # e.g. privacy/epsilon
             **({} if result.peak_memory_gb is None else {"peak_memory_gb": result.peak_memory_gb}),
-            **({"vectorised_clients": result.vectorised} if self.config.local.vectorize > 1 else {}),
+            **({"vectorised_clients": result.vectorised} if self.config.local.vectorized else {}),
+            **({"vectorize": facts} if facts else {}),  # how the local work ran (model.vectorize)
             "this_run": True,
         }
 

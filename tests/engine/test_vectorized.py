@@ -135,20 +135,18 @@ def _vectorised(module) -> bool:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_vectorised_clients_equal_sequential_clients(tmp_path, monkeypatch, strategy):
-    """Under vmap (the accelerator path; the other tests run the CPU's per-client forward)."""
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
+def test_vectorised_clients_equal_sequential_clients(tmp_path, strategy):
+    """SmallCNN: under vmap (the path of networks that are not linear chains)."""
     seq, vec = _fit(tmp_path, strategy, 1), _fit(tmp_path, strategy, 4)
     assert seq[0].engine.executor.counts["vectorised"] == 0 and _vectorised(vec[0])
     _assert_same(seq, vec)
 
 
 @pytest.mark.parametrize("plugin", list(PLUGINS))
-def test_vectorised_plugins_equal_sequential_clients(tmp_path, monkeypatch, plugin):
+def test_vectorised_plugins_equal_sequential_clients(tmp_path, plugin):
     """Plug-ins whose own work is on the server or in upload/process_upload/adapt (per client): the
     vectorised run equals the sequential one (DP's noise too: it is drawn on the aggregate from a
     seeded generator)."""
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     build, net = PLUGINS[plugin]
     seq, vec = _fit(tmp_path, (plugin, build), 1, net), _fit(tmp_path, (plugin, build), 4, net)
     assert seq[0].engine.executor.counts["vectorised"] == 0 and _vectorised(vec[0])
@@ -165,8 +163,7 @@ def test_vectorised_mlp_and_decomposed_layers(tmp_path, strategy, net):
 
 
 @pytest.mark.parametrize("strategy", ["FedProx", "FedDC", "FedSAM", "FedSMOO"])
-def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, strategy):
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
+def test_vectorised_decomposed_layers_other_strategies(tmp_path, strategy):
     seq, vec = _fit(tmp_path, strategy, 1, "decomposed"), _fit(tmp_path, strategy, 4, "decomposed")
     assert _vectorised(vec[0])
     # FedDC's drift feeds each round's float32 rounding (vmap's batched convolutions sum in another
@@ -175,23 +172,22 @@ def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "vmap"), [("FedAvg", True), ("FedSAM", True), ("FedAvg", False)])
-def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, monkeypatch, strategy, vmap):
-    """model.compile compiles the vmapped forward (or on the CPU path the per-client one) once per stack:
-    after a compiled forward's first call, compiling it again (e.g. for a ragged last batch's new shape)
-    is an error (stance ``fail_on_recompile``) that the run does not survive, and the compiled code is
-    what ran (the profiler's "Torch-Compiled Region" events). Public torch APIs only: ``torch._dynamo``'s
-    config and counters change between releases."""
+@pytest.mark.parametrize("strategy", ["FedAvg", "FedSAM"])
+def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, monkeypatch, strategy):
+    """model.compile compiles the vmapped forward once per stack (a linear chain too: compiled, it runs
+    under vmap): after a compiled forward's first call, compiling it again (e.g. for a ragged last batch's
+    new shape) is an error (stance ``fail_on_recompile``) that the run does not survive, and the compiled
+    code is what ran (the profiler's "Torch-Compiled Region" events). Public torch APIs only:
+    ``torch._dynamo``'s config and counters change between releases."""
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", vmap)
     seq = _fit(tmp_path, strategy, 1, "mlp", rounds=2)
     compile_forward = StackedWorker.compile_forward
 
     def compile_once(stack, mode):
         compile_forward(stack, mode)
         if mode is not None:
-            stack._stacked_fn, stack._one_fn = _no_compile_after_first_call(stack._stacked_fn, stack._one_fn)
+            (stack._stacked_fn,) = _no_compile_after_first_call(stack._stacked_fn)
 
     monkeypatch.setattr(StackedWorker, "compile_forward", compile_once)
     torch.compiler.reset()
@@ -230,9 +226,8 @@ def _no_compile_after_first_call(*fns):
     return tuple(wrap(fn) for fn in fns)
 
 
-def test_padding_to_the_batch_size_masks_the_padding_out(monkeypatch):
+def test_padding_to_the_batch_size_masks_the_padding_out():
     """A compiled stack pads every batch to the full batch size (one shape): the same losses."""
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     torch.manual_seed(0)
     worker = ClientModule(_net("mlp"), lr=0.1)
     stack = StackedWorker(worker, 2)
@@ -388,7 +383,7 @@ def test_resume_mid_run_with_vectorised_clients(tmp_path):
 # ------------------------------------------------------------------------------------ options
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
 def test_vectorize_must_be_a_positive_integer(bad):
-    with pytest.raises(ConfigError, match=r"model.vectorize=.* must be an integer >= 1"):
+    with pytest.raises(ConfigError, match=r"model.vectorize=.* must be an integer >= 1 .* or auto"):
         make_module(vectorize=bad)
 
 
@@ -402,7 +397,8 @@ def test_memory_budget_bounds_the_group_size(tmp_path):
     data = make_data()
     data.setup()
     worker = ClientModule(_net("cnn"))
-    assert group_size(8, worker, data.clients[0], 32, None) == (8, "no memory budget on the CPU")
+    size, note = group_size(8, worker, data.clients[0], 32, None)  # half the host's available memory
+    assert size == 8 and "MiB per client" in note
     size, note = group_size(8, worker, data.clients[0], 32, 1e-4)  # ~100 KiB: fewer than 8 fit
     assert 1 <= size < 8 and "MiB per client" in note
     assert group_size(8, worker, data.clients[0], 32, 100.0)[0] == 8
@@ -412,11 +408,12 @@ def test_memory_budget_bounds_the_group_size(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ pieces
-@pytest.mark.parametrize("vmap", [True, False])
-def test_stacked_worker_outputs_each_clients_own_network(monkeypatch, vmap):
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", vmap)
-    worker = ClientModule(_net("cnn"))
+@pytest.mark.parametrize("net", ["cnn", "mlp"])
+def test_stacked_worker_outputs_each_clients_own_network(net):
+    """Under vmap (SmallCNN) and as a batched linear chain (MLP, on the CPU)."""
+    worker = ClientModule(_net(net))
     stack = StackedWorker(worker, 3)
+    assert stack.uses_chain(torch.device("cpu")) == (net == "mlp")
     assert [n for n, _ in stack.named_parameters()] == [n for n, _ in worker.named_parameters()]
     with torch.no_grad():
         for p in stack.parameters():

@@ -9,7 +9,6 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import FederatedDataModule, NaturalUsers, ShakespeareData
-from fl_lightning.engine import vectorized
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import CharLSTM, create_model, list_models, size_to_data
@@ -80,7 +79,7 @@ def tiny_text(tmp_path) -> FederatedDataModule:
 def _module(vectorize: int = 1) -> FederatedModule:
     torch.manual_seed(0)
     client = ClientModule(CharLSTM(hidden_size=16), lr=0.5, momentum=0.0)
-    return FederatedModule(client, FedAvg(), local_steps=3, vectorize=vectorize)
+    return FederatedModule(client, FedAvg(), local_steps=3, vectorize=vectorize, vectorize_cpu="batched")
 
 
 def test_next_character_accuracy_per_client_and_global(tmp_path):
@@ -93,8 +92,8 @@ def test_next_character_accuracy_per_client_and_global(tmp_path):
     assert set(module.final_client_metrics()) == {0, 1, 2, 3}
 
 
-def test_vectorised_clients_equal_one_at_a_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)  # the GPU path: vmap over the stacked LSTMs
+def test_vectorised_clients_equal_one_at_a_time(tmp_path):
+    """vmap over the stacked LSTMs (step by step: ``aten::lstm`` has no batching rule)."""
     weights = []
     for vectorize in (1, 4):
         module = _module(vectorize)
