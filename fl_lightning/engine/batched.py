@@ -53,6 +53,10 @@ def chain_runs_on(device: torch.device) -> bool:
     return device.type in CHAIN_DEVICES
 
 
+#: A linear layer whose stacked weights take at least this many bytes holds its fused SGD steps back
+#: (:class:`Deferred`): far larger than the per-core caches (2 MiB of L2 on the benchmarks' machine), where
+#: a step's traffic over the weights, not its arithmetic, sets its time.
+DEFER_BYTES = 4 * 2**20
 #: The strategy hooks that could add to, read or change the gradients between backward and step.
 GRADIENT_HOOKS = ("local_step", "local_loss", "on_before_optimizer_step", "on_after_optimizer_step")
 _ACTIVATIONS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
@@ -116,6 +120,8 @@ def linear_chain(net: nn.Module) -> tuple[tuple[Layer, ...] | None, str]:
     linear = [layer for layer in layers if layer.kind == "linear"]
     if not linear:
         return None, "it has no linear layer"
+    if len({layer.weight for layer in linear}) < len(linear):
+        return None, "it uses a linear layer twice"
     used = {n for layer in linear for n in (layer.weight, layer.bias) if n is not None}
     if {n for n, _ in net.named_parameters()} != used:
         return None, "it has parameters outside its linear layers"
@@ -205,9 +211,9 @@ def fusion_blocker(
     return None
 
 
-def gradient_hooks(strategy: Strategy) -> list[str]:
-    """``Class.hook`` for each hook of :data:`GRADIENT_HOOKS` that ``strategy`` or a plug-in around it
-    overrides (empty: every one is the base class's)."""
+def gradient_hooks(strategy: Strategy, hooks: Sequence[str] = GRADIENT_HOOKS) -> list[str]:
+    """``Class.hook`` for each of ``hooks`` (default :data:`GRADIENT_HOOKS`) that ``strategy`` or a plug-in
+    around it overrides (empty: every one is the base class's)."""
     from fl_lightning.api.strategy import Strategy, StrategyWrapper
 
     found = []
@@ -215,7 +221,7 @@ def gradient_hooks(strategy: Strategy) -> list[str]:
         base = StrategyWrapper if isinstance(strategy, StrategyWrapper) else Strategy
         found += [
             f"{type(strategy).__name__}.{hook}"
-            for hook in GRADIENT_HOOKS
+            for hook in hooks
             if getattr(type(strategy), hook) is not getattr(base, hook)
         ]
         if not isinstance(strategy, StrategyWrapper):
@@ -225,9 +231,15 @@ def gradient_hooks(strategy: Strategy) -> list[str]:
 
 class ChainRun:
     """A stacked group's chain: its layers, its stacked parameters (in the layers' order) and, while the
-    SGD step is fused, the optimizer whose param groups give each parameter's lr and weight decay."""
+    SGD step is fused, the optimizer whose param groups give each parameter's lr and weight decay, and the
+    steps each large linear layer holds back (:class:`Deferred`)."""
 
-    def __init__(self, layers: Sequence[Layer], params: dict[str, nn.Parameter]) -> None:
+    def __init__(
+        self,
+        layers: Sequence[Layer],
+        params: dict[str, nn.Parameter],
+        buffers: dict[int, tuple[Tensor, Tensor]] | None = None,
+    ) -> None:
         self.layers = tuple(layers)
         self.params: list[nn.Parameter] = []
         self.index: list[tuple[int, int | None]] = []  # per linear layer: its weight's and bias's position
@@ -243,12 +255,45 @@ class ChainRun:
                 b = len(self.params) - 1
             self.index.append((w, b))
         self.fused: torch.optim.Optimizer | None = None
+        self.sizes: list[tuple[float, float] | None] = [None] * len(self.params)
+        #: Per linear layer (its position in :attr:`index`): the steps not yet in its stacked weights.
+        self.deferred: dict[int, Deferred] = {}
+        #: Per linear layer: the held-back steps' buffers, kept for the next groups (and shared with the
+        #: chains of stacks within the same stack, which use their first slots).
+        self.buffers: dict[int, tuple[Tensor, Tensor]] = {} if buffers is None else buffers
 
-    def fuse(self, optimizer: torch.optim.Optimizer | None) -> None:
-        """Fuse the SGD step of ``optimizer`` into the backward (None: return gradients instead)."""
+    def fuse(self, optimizer: torch.optim.Optimizer | None, bases: dict[int, Tensor] | None = None) -> None:
+        """Fuse the SGD step of ``optimizer`` into the backward (None: return gradients; the steps held back
+        are dropped, so :meth:`materialize` first).
+
+        A linear layer whose stacked weights take at least :data:`DEFER_BYTES` and have no weight decay
+        holds its steps back (:class:`Deferred`); ``bases`` maps ``id(weight)`` to one ``[out, in]`` tensor
+        that every client's slot of that weight holds at the start (the message's shared weights), so
+        that its forward is one matrix product for the whole group.
+        """
         self.fused = optimizer
+        self.deferred = {}
+        self.sizes = self._step_sizes()
+        if optimizer is None:
+            return
+        for j, (w, _) in enumerate(self.index):
+            weight, step = self.params[w], self.sizes[w]
+            if step is None or step[1] != 1.0 or weight.numel() * weight.element_size() < DEFER_BYTES:
+                continue
+            base = (bases or {}).get(id(weight))
+            if base is None or base.shape != weight.shape[1:] or base.dtype != weight.dtype:
+                base = weight.detach()
+            deferred = Deferred(weight, base.detach(), step[0], self.buffers.get(j))
+            self.buffers[j] = deferred.storage
+            self.deferred[j] = deferred
 
-    def step_sizes(self) -> list[tuple[float, float] | None]:
+    @torch.no_grad()
+    def materialize(self) -> None:
+        """Write every step held back into the stacked weights (they then hold each client's weights)."""
+        for deferred in self.deferred.values():
+            deferred.flush()
+
+    def _step_sizes(self) -> list[tuple[float, float] | None]:
         """Per parameter ``(lr, 1 - lr * weight_decay)`` of the fused step (None: not stepped here)."""
         sizes: list[tuple[float, float] | None] = [None] * len(self.params)
         if self.fused is None:
@@ -267,6 +312,93 @@ class ChainRun:
         return _Chain.apply(self, x, *self.params)
 
 
+class Deferred:
+    r"""A linear layer's fused SGD steps held back: its clients' weights are ``W = base + D^T X``.
+
+    A group's stacked weights do not stay in cache (a hundred clients of the 2NN: 63 MB in the first layer),
+    and a step that reads them in its forward and reads and writes them in its backward is bound by that
+    traffic. Here the backward writes nothing into them: it appends the step's ``X`` (the layer's inputs,
+    ``[C, N, in]``) and ``D = -lr dY`` (``[C, N, out]``) to the held-back steps, and the layer computes
+    ``h W^T = h base^T + (h X^T) D`` and ``dY W = dY base + (dY D^T) X`` (low-rank corrections of ``N``
+    columns per step held back). ``base`` is the clients' common starting weights where they have them
+    (one ``[out, in]`` matrix: the forward is one matrix product for the whole group) or the stacked
+    weights. :meth:`flush` writes ``base + D^T X`` into the stacked weights in one pass, when the held-back
+    columns reach ``in * out / (in + out)`` (the corrections would then cost more than the product) and
+    whenever the stacked weights are read (a client's last step, the end of the group:
+    :meth:`ChainRun.materialize`). The same SGD steps, in another order of float operations.
+    """
+
+    def __init__(
+        self, weight: nn.Parameter, base: Tensor, lr: float, buffers: tuple[Tensor, Tensor] | None = None
+    ) -> None:
+        self.weight = weight
+        self.base = base
+        self.lr = lr
+        size, out, inp = weight.shape
+        self.limit = max(1, out * inp // (out + inp))
+        like = weight.detach()
+        fits = (
+            buffers is not None and buffers[0].shape[0] >= size and buffers[0].shape[1:] == (self.limit, inp)
+        )
+        if buffers is None or not fits or (buffers[0].dtype, buffers[0].device) != (like.dtype, like.device):
+            buffers = (like.new_empty(size, self.limit, inp), like.new_empty(size, self.limit, out))
+        #: Room for ``X`` and ``D`` of up to :attr:`limit` held-back columns, for at least ``size`` clients
+        #: (kept for the next groups); :attr:`buffers` are its first ``size`` slots.
+        self.storage = buffers
+        self.buffers = (buffers[0][:size], buffers[1][:size])
+        self.held = 0
+
+    @property
+    def x(self) -> Tensor:
+        return self.buffers[0][:, : self.held]
+
+    @property
+    def d(self) -> Tensor:
+        return self.buffers[1][:, : self.held]
+
+    def times_transposed(self, h: Tensor) -> Tensor:
+        """``h W^T`` for ``h`` ``[C, N, in]``."""
+        if self.base.dim() == 2:
+            out = (h.reshape(-1, h.shape[-1]) @ self.base.t()).view(h.shape[0], h.shape[1], -1)
+        else:
+            out = torch.bmm(h, self.base.transpose(1, 2))
+        if self.held:
+            out.baddbmm_(torch.bmm(h, self.x.transpose(1, 2)), self.d)
+        return out
+
+    def times(self, dy: Tensor) -> Tensor:
+        """``dY W`` for ``dY`` ``[C, N, out]``."""
+        if self.base.dim() == 2:
+            out = (dy.reshape(-1, dy.shape[-1]) @ self.base).view(dy.shape[0], dy.shape[1], -1)
+        else:
+            out = torch.bmm(dy, self.base)
+        if self.held:
+            out.baddbmm_(torch.bmm(dy, self.d.transpose(1, 2)), self.x)
+        return out
+
+    def add(self, x: Tensor, dy: Tensor) -> None:
+        """Hold back one step ``W <- W - lr dY^T X`` (``x`` ``[C, N, in]``, ``dy`` ``[C, N, out]``)."""
+        n = x.shape[1]
+        if self.held + n > self.limit:
+            self.flush()
+        if n > self.limit:  # a batch wider than the buffers: this step straight into the weights
+            self.weight.detach().baddbmm_(dy.transpose(1, 2), x, alpha=-self.lr)
+            return
+        self.buffers[0][:, self.held : self.held + n] = x
+        torch.mul(dy, -self.lr, out=self.buffers[1][:, self.held : self.held + n])
+        self.held += n
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Write ``base + D^T X`` into the stacked weights; they become the base."""
+        weight = self.weight.detach()
+        if self.held and self.base.dim() == 2:  # one pass: written, not read
+            torch.baddbmm(self.base.expand_as(weight), self.d.transpose(1, 2), self.x, out=weight)
+        elif self.held:
+            weight.baddbmm_(self.d.transpose(1, 2), self.x)
+        self.base, self.held = weight, 0
+
+
 class _Chain(torch.autograd.Function):
     """The stacked chain's forward (``baddbmm`` per linear layer) and its hand-written backward."""
 
@@ -276,7 +408,7 @@ class _Chain(torch.autograd.Function):
         h = x
         saved: list[Tensor] = []  # per layer: a linear layer's input [C, N, in], an activation's output
         inputs: list[tuple[torch.Size, torch.dtype]] = []  # per layer: the shape and dtype of its input
-        linear = iter(run.index)
+        linear = 0
         for layer in run.layers:
             inputs.append((h.shape, h.dtype))
             if layer.kind == "flatten":
@@ -286,15 +418,20 @@ class _Chain(torch.autograd.Function):
                 h = h.to(params[0].dtype)
                 saved.append(h)
             elif layer.kind == "linear":
-                w, b = next(linear)
+                w, b = run.index[linear]
+                deferred = run.deferred.get(linear)
+                linear += 1
                 weight = params[w]
                 flat = h.reshape(size, -1, h.shape[-1])
                 saved.append(flat)
-                out = (
-                    torch.baddbmm(params[b].unsqueeze(1), flat, weight.transpose(1, 2))
-                    if b is not None
-                    else torch.bmm(flat, weight.transpose(1, 2))
-                )
+                if deferred is not None:
+                    out = deferred.times_transposed(flat)
+                    if b is not None:
+                        out += params[b].unsqueeze(1)
+                elif b is not None:
+                    out = torch.baddbmm(params[b].unsqueeze(1), flat, weight.transpose(1, 2))
+                else:
+                    out = torch.bmm(flat, weight.transpose(1, 2))
                 h = out.view(*h.shape[:-1], weight.shape[1])
             else:  # an activation (in place on the linear layer's output or a copy of the input)
                 owned = bool(saved) and run.layers[len(saved) - 1].kind == "linear"
@@ -311,7 +448,7 @@ class _Chain(torch.autograd.Function):
         saved = ctx.saved_tensors
         params = run.params
         grads: list[Tensor | None] = [None] * len(params)
-        sizes = run.step_sizes()
+        sizes = run.sizes
         first = next(i for i, layer in enumerate(run.layers) if layer.kind == "linear")
         stop = 0 if ctx.needs_input_grad[1] else first  # no gradient below the first linear layer
         d = out
@@ -324,8 +461,14 @@ class _Chain(torch.autograd.Function):
                 w, b = run.index[linear]
                 weight, x = params[w], saved[i]
                 dy = d.reshape(x.shape[0], -1, weight.shape[1])
-                dx = torch.bmm(dy, weight) if i > stop else None  # before the weights change
-                _weight_grad(weight, dy, x, sizes[w], grads, w)
+                deferred = run.deferred.get(linear)
+                below = i > first or ctx.needs_input_grad[1]  # a gradient is needed below this layer
+                if deferred is not None:  # the weights as the forward used them, then this step held back
+                    dx = deferred.times(dy) if below else None
+                    deferred.add(x, dy)
+                else:
+                    dx = torch.bmm(dy, weight) if below else None  # before the weights change
+                    _weight_grad(weight, dy, x, sizes[w], grads, w)
                 if b is not None:
                     db = dy.sum(1)
                     step = sizes[b]
@@ -375,7 +518,9 @@ def _weight_grad(
 
 __all__ = [
     "CHAIN_DEVICES",
+    "DEFER_BYTES",
     "ChainRun",
+    "Deferred",
     "Layer",
     "chain_runs_on",
     "fusion_blocker",

@@ -222,7 +222,7 @@ class Vectorized(Sequential):
         if work.local_metrics is not None and any(d.test_idx.numel() for d in datas):
             evaluated = evaluate_stacked(stack, trained, datas, work.local, work.precision)
         seconds = clock() - start
-        self._note_path(stack, module_device(worker))
+        self._note_path(stack)
         for cid, message, state, done, outputs in zip(
             group, messages, states, trained, evaluated, strict=True
         ):
@@ -285,7 +285,6 @@ class Vectorized(Sequential):
             log.info(
                 "model.vectorize=%s: groups train batched on this CPU: %s", self.size, decision.describe()
             )
-            self.stacks = {k: v for k, v in self.stacks.items() if k[2] == decision.largest}
         else:
             self.notice(
                 f"model.vectorize={self.size}: clients train one at a time on this CPU, where batching "
@@ -293,9 +292,9 @@ class Vectorized(Sequential):
             )
             self.stacks.clear()
 
-    def _note_path(self, stack: StackedWorker, device: torch.device) -> None:
-        """Log once how a stacked group's forward, backward and step run."""
-        if stack.uses_chain(device):
+    def _note_path(self, stack: StackedWorker) -> None:
+        """Log once how a stacked group's forward, backward and step ran."""
+        if stack.chained:
             self._fused = stack.unfused is None
             text = (
                 "a batched linear chain, the local SGD step fused into its backward"
@@ -304,7 +303,7 @@ class Vectorized(Sequential):
             )
         else:
             self._fused = False
-            why = f" ({stack.chain_reason})" if stack.chain is None and device.type == "cpu" else ""
+            why = f" (not a linear chain: {stack.chain_reason})" if stack.chain is None else ""
             text = f"torch.func.vmap over the stacked parameters{why}"
         if text not in self._said:
             self._said.add(text)
@@ -327,13 +326,21 @@ class Vectorized(Sequential):
         return out
 
     def _stack(self, worker: ClientModule, size: int) -> StackedWorker:
-        """The stacked worker for ``size`` clients (kept for the next rounds; at most two sizes)."""
-        key = (id(worker), module_device(worker), size)
-        stack = self.stacks.get(key)
-        if stack is None:
-            if len(self.stacks) >= 2:
-                self.stacks.pop(min(self.stacks, key=lambda k: k[2]))
-            stack = self.stacks[key] = StackedWorker(worker, size)
+        """The stacked worker for ``size`` clients, kept for the next rounds: one of the round's group size
+        (or larger, built before) for this worker and device, or for a smaller group a stack within it
+        (its first ``size`` slots, no copy of the parameters); a larger group replaces them."""
+        where = (id(worker), module_device(worker))
+        stack = self.stacks.get((*where, size))
+        if stack is not None:
+            return stack
+        own = next((s for k, s in self.stacks.items() if k[:2] == where and s.within is None), None)
+        if own is None or own.size < size:
+            self.stacks = {k: s for k, s in self.stacks.items() if k[:2] != where}
+            own = StackedWorker(worker, max(size, self._bound))
+            self.stacks[(*where, own.size)] = own
+        if own.size == size:
+            return own
+        stack = self.stacks[(*where, size)] = StackedWorker(worker, size, within=own)
         return stack
 
 

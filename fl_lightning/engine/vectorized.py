@@ -57,7 +57,7 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData, take_stacked
-from fl_lightning.engine.batched import ChainRun, chain_runs_on, fusion_blocker, linear_chain
+from fl_lightning.engine.batched import ChainRun, chain_runs_on, fusion_blocker, gradient_hooks, linear_chain
 from fl_lightning.engine.calibrate import host_memory_budget
 from fl_lightning.engine.local import (
     LocalConfig,
@@ -132,13 +132,20 @@ class StackedWorker(nn.Module):
     ``weight`` ``[size, B]`` masks padding and ``count`` ``[size]`` is each client's real batch size.
     """
 
-    def __init__(self, worker: ClientModule, size: int) -> None:
+    def __init__(self, worker: ClientModule, size: int, within: StackedWorker | None = None) -> None:
         super().__init__()
+        if within is not None and within.size < size:
+            raise ValueError(f"a stack of {size} cannot be within one of {within.size}")
         self.size = size
+        self._outer = () if within is None else (within,)  # not a submodule: its parameters are not ours
         self.net = copy.deepcopy(worker.net)
+        outer = dict(within.net.named_parameters()) if within is not None else {}
         for name, p in list(self.net.named_parameters()):
             owner, _, attr = name.rpartition(".")
-            stacked = p.detach().unsqueeze(0).repeat(size, *([1] * p.dim()))
+            if within is not None:  # a view of the larger stack's first slots: no copy
+                stacked = outer[name].detach()[:size]
+            else:
+                stacked = p.detach().unsqueeze(0).repeat(size, *([1] * p.dim()))
             setattr(self.net.get_submodule(owner), attr, nn.Parameter(stacked, requires_grad=p.requires_grad))
         self.task = worker.task
         self.optimizer_name = worker.optimizer_name
@@ -152,12 +159,31 @@ class StackedWorker(nn.Module):
         #: The ``torch.compile`` mode of the forward (None: eager); see :meth:`compile_forward`.
         self.compile_mode: str | None = None
         self._stacked_fn = self._stacked
-        layers, why = linear_chain(worker.net)
+        if within is not None:
+            layers, why = (within.chain.layers if within.chain is not None else None), within.chain_reason
+        else:
+            layers, why = linear_chain(worker.net)
+        buffers = within.chain.buffers if within is not None and within.chain is not None else None
         #: The network as a batched linear chain (None: it is not one, see :attr:`chain_reason`).
-        self.chain = ChainRun(layers, dict(self.net.named_parameters())) if layers is not None else None
+        self.chain = (
+            ChainRun(layers, dict(self.net.named_parameters()), buffers) if layers is not None else None
+        )
         self.chain_reason = why
+        #: Whether the last group ran as the batched linear chain.
+        self.chained = False
         #: Why the last group's SGD step was not fused into the chain's backward (None: it was, or no chain).
         self.unfused: str | None = None
+
+    @property
+    def within(self) -> StackedWorker | None:
+        """The larger stack whose first :attr:`size` slots are this one's parameters (None: its own)."""
+        return self._outer[0] if self._outer else None
+
+    def materialize(self) -> None:
+        """Write the fused SGD steps the chain holds back into the stacked parameters (see
+        :class:`~fl_lightning.engine.batched.Deferred`)."""
+        if self.chain is not None:
+            self.chain.materialize()
 
     def uses_chain(self, device: torch.device) -> bool:
         """Whether the forward on ``device`` is the batched linear chain (eager only; compiled: vmap)."""
@@ -190,8 +216,12 @@ class StackedWorker(nn.Module):
             self._stacked_fn = torch.compile(self._stacked, mode=mode, dynamic=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.chain is not None and self.uses_chain(x.device):
-            return self.chain(x)
+        if (
+            self.chain is not None
+            and self.uses_chain(x.device)
+            and not torch.is_autocast_enabled(x.device.type)
+        ):
+            return self.chain(x)  # (under autocast, e.g. bf16-mixed, vmap keeps autocast's casts)
         try:
             return self._stacked_fn(x)
         except RuntimeError as err:  # an operation without a batching rule: a declared reason
@@ -287,28 +317,37 @@ def train_stacked(
         optimizer = local_optimizer(stack, strategy, ctx, config)
         if type(optimizer) not in BATCHED_OPTIMIZERS:
             raise UnvectorizableError(f"the local optimizer {type(optimizer).__name__} is not elementwise")
-        if stack.uses_chain(device):
-            fuse(optimizer, fusion_blocker(strategy, optimizer, config, precision))
+        stack.chained = stack.uses_chain(device) and not _autocasts(precision, device)
+        if stack.chained:
+            fuse(
+                optimizer,
+                fusion_blocker(strategy, optimizer, config, precision),
+                _bases(stack, strategy, ctx),
+            )
         counts: list[list[int]] = []  # each step's real batch size per client
         batches = _stacked_batches(datas, steps, round, config, precision, width, counts)
+        named = list(stack.named_parameters())
         for step in local_steps(stack, strategy, optimizer, ctx, batches, config, precision):
+            if step + 1 in steps:  # some client's last step: its weights are read
+                stack.materialize()
             for k, n in enumerate(steps):
                 if n == step + 1:
-                    trained[k] = _take(stack, strategy, ctx, k, n, counts, view=n == last)
+                    trained[k] = _take(stack, strategy, ctx, k, n, counts, view=n == last, named=named)
     if any(t is None for t in trained):
         raise UnvectorizableError("a client of the group ran no local step")
     return [t for t in trained if t is not None]
 
 
 @contextlib.contextmanager
-def _fusing(stack: StackedWorker) -> Iterator[Callable[[torch.optim.Optimizer, str | None], None]]:
-    """While a group trains: ``fuse(optimizer, reason)`` fuses the optimizer's SGD step into the chain's
-    backward when ``reason`` is None (else records it in ``stack.unfused``); undone when the group ends."""
+def _fusing(stack: StackedWorker) -> Iterator[Callable[..., None]]:
+    """While a group trains: ``fuse(optimizer, reason, bases)`` fuses the optimizer's SGD step into the
+    chain's backward when ``reason`` is None (else records it in ``stack.unfused``); undone when the group
+    ends."""
 
-    def fuse(optimizer: torch.optim.Optimizer, reason: str | None) -> None:
+    def fuse(optimizer: torch.optim.Optimizer, reason: str | None, bases: dict[int, Tensor]) -> None:
         assert stack.chain is not None
         stack.unfused = reason
-        stack.chain.fuse(optimizer if reason is None else None)
+        stack.chain.fuse(optimizer if reason is None else None, bases)
 
     stack.unfused = None
     try:
@@ -316,6 +355,28 @@ def _fusing(stack: StackedWorker) -> Iterator[Callable[[torch.optim.Optimizer, s
     finally:
         if stack.chain is not None:
             stack.chain.fuse(None)
+
+
+def _autocasts(precision: Any, device: torch.device) -> bool:
+    """Whether the precision plugin's training steps run under autocast (bf16-mixed)."""
+    if precision is None:
+        return False
+    with precision.train_step_context():
+        return torch.is_autocast_enabled(device.type)
+
+
+def _bases(stack: StackedWorker, strategy: Strategy, ctx: ClientContext) -> dict[int, Tensor]:
+    """``{id(stacked parameter): the one tensor every client's slot holds}`` at the start of the steps: the
+    message's shared weights, when the strategy keeps the base class's ``on_client_start`` (which loads
+    nothing else into them)."""
+    if any(hook.endswith(".on_client_start") for hook in gradient_hooks(strategy, ("on_client_start",))):
+        return {}
+    weights = ctx.message.get("weights", {})
+    return {
+        id(p): weights[n].detach()
+        for n, p in stack.named_parameters()
+        if n in weights and weights[n].shape == p.shape[1:] and weights[n].device == p.device
+    }
 
 
 def _stacked_batches(
@@ -333,11 +394,12 @@ def _stacked_batches(
     generators = [torch.Generator().manual_seed(client_seed(config.seed, round, d.client_id)) for d in datas]
     streams = [d.batch_indices(config.batch_size, n, g) for d, n, g in zip(datas, steps, generators)]
     none = torch.zeros(0, dtype=torch.long, device=datas[0].x.device)
+    masks: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}  # steps of the same sizes share their masks
     for step in range(max(steps)):
         idx = [next(s) if step < n else none for s, n in zip(streams, steps)]
         sizes = [int(i.numel()) for i in idx]
         counts.append(sizes)
-        yield _stacked_batch(idx, sizes, datas, generators, precision, width)
+        yield _stacked_batch(idx, sizes, datas, generators, precision, width, masks)
 
 
 def _stacked_batch(
@@ -347,15 +409,27 @@ def _stacked_batch(
     generators: list[torch.Generator],
     precision: Any,
     width: int = 0,
+    masks: dict[tuple[Any, ...], tuple[Tensor, Tensor]] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(x, y, weight, count)``: the clients' batches gathered with one indexing of the data they share
     (each client's rows then through its transform, drawing from its generator as its sequential batches
-    do: :func:`~fl_lightning.data.federated.take_stacked`), padded to the longest or to ``width`` samples."""
-    padded = pad_sequence(idx, batch_first=True)  # padding indexes row 0, masked out by ``weight``
-    if padded.shape[1] < width:
-        padded = F.pad(padded, (0, width - padded.shape[1]))
-    count = torch.tensor(counts, dtype=torch.float32).to(padded.device, non_blocking=True)
-    weight = (torch.arange(padded.shape[1], device=padded.device) < count[:, None]).float()
+    do: :func:`~fl_lightning.data.federated.take_stacked`), padded to the longest or to ``width`` samples.
+    ``masks`` keeps ``(weight, count)`` by the batch sizes, for the next steps of the same sizes."""
+    if counts[0] >= max(width, 1) and all(c == counts[0] for c in counts):
+        padded = torch.stack(idx)  # no padding
+    else:
+        padded = pad_sequence(idx, batch_first=True)  # padding indexes row 0, masked out by ``weight``
+        if padded.shape[1] < width:
+            padded = F.pad(padded, (0, width - padded.shape[1]))
+    key = (*counts, padded.shape[1])
+    mask = masks.get(key) if masks is not None else None
+    if mask is None:
+        count = torch.tensor(counts, dtype=torch.float32).to(padded.device, non_blocking=True)
+        weight = (torch.arange(padded.shape[1], device=padded.device) < count[:, None]).float()
+        mask = (weight, count.clamp(min=1))
+        if masks is not None:
+            masks[key] = mask
+    weight, count = mask
     if all(d.transform is None for d in datas):  # one gather (index_select: several times faster)
         flat = padded.reshape(-1)
         x = datas[0].x.index_select(0, flat).view(*padded.shape, *datas[0].x.shape[1:])
@@ -364,7 +438,7 @@ def _stacked_batch(
         x, y = take_stacked(datas, generators, padded, counts)  # through each client's transform
     if precision is not None:
         x, y = precision.convert_input((x, y))
-    return x, y, weight, count.clamp(min=1)
+    return x, y, weight, count
 
 
 def _take(
@@ -375,6 +449,7 @@ def _take(
     steps: int,
     counts: list[list[int]],
     view: bool = False,
+    named: list[tuple[str, nn.Parameter]] | None = None,
 ) -> Trained:
     """Client ``k``'s parameters, state, step-to-step values and train records after its last step.
 
@@ -382,7 +457,8 @@ def _take(
     nothing changes the stack before the group's results are used, see :func:`finish_client`).
     """
     size = stack.size
-    params = {n: p.detach()[k] if view else p.detach()[k].clone() for n, p in stack.named_parameters()}
+    named = list(stack.named_parameters()) if named is None else named
+    params = {n: p.detach()[k] if view else p.detach()[k].clone() for n, p in named}
     state = {}
     for key, t in ctx.state.items():
         if t.dim() == 0 or t.shape[0] != size:
@@ -548,6 +624,8 @@ def client_bytes(worker: ClientModule, data: ClientData, batch_size: int) -> int
     device = module_device(worker)
     idx = data.train_idx[:batch_size].to(data.x.device)
     x, y = data.x[idx].to(device), data.y[idx].to(device)
+    if x.is_floating_point():  # as the precision plugin converts the inputs (64-true: float64)
+        x = x.to(next(p.dtype for p in worker.parameters() if p.is_floating_point()))
     was = worker.training
     worker.train()
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -13,10 +13,10 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.strategy import StrategyWrapper
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine import vectorized
+from fl_lightning.engine import batched, vectorized
 from fl_lightning.engine.vectorized import StackedWorker, group_size, stack_payloads, stack_states
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import MLP, Decomposed, SmallCNN, Tensorized
+from fl_lightning.models import MLP, Decomposed, LogisticRegression, SmallCNN, Tensorized
 from fl_lightning.strategies import FedAvg, get_strategy
 from fl_lightning.strategies.plugins import (
     DP,
@@ -82,6 +82,10 @@ class ClientLog(FederatedCallback):
 def _net(kind: str) -> nn.Module:
     if kind == "mlp":
         return MLP(in_features=64, num_classes=10, hidden=(16,))
+    if kind == "mlp2":
+        return MLP(in_features=64, num_classes=10, hidden=(32, 16))
+    if kind == "logistic":
+        return LogisticRegression(input_dim=64, num_outputs=10)
     if kind == "cp":
         return Tensorized(SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16), ratio=2.0)
     if kind == "decomposed":
@@ -89,7 +93,17 @@ def _net(kind: str) -> nn.Module:
     return SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16)
 
 
-def _fit(tmp_path, strategy, vectorize: int, net: str = "cnn", rounds: int = 3, lr: float = 0.1, **kw):
+def _fit(
+    tmp_path,
+    strategy,
+    vectorize: int | str,
+    net: str = "cnn",
+    rounds: int = 3,
+    lr: float = 0.1,
+    precision: str = "32-true",
+    data_kw: dict | None = None,
+    **kw,
+):
     """``rounds`` rounds on 4 Dirichlet clients of unequal size: unequal step counts, ragged last batches,
     SGD with momentum and weight decay, per-round lr decay. ``strategy``: a registered name, or
     ``(label, factory)``."""
@@ -104,8 +118,10 @@ def _fit(tmp_path, strategy, vectorize: int, net: str = "cnn", rounds: int = 3, 
     module.client.net = _net(net)
     module.client.lr = lr
     log = ClientLog()
-    trainer = make_trainer(tmp_path / f"{label}-{vectorize}", rounds=rounds, callbacks=[log])
-    trainer.fit(module, datamodule=make_data())
+    trainer = make_trainer(
+        tmp_path / f"{label}-{vectorize}", rounds=rounds, callbacks=[log], precision=precision
+    )
+    trainer.fit(module, datamodule=make_data(**(data_kw or {})))
     return module, log
 
 
@@ -160,6 +176,50 @@ def test_vectorised_mlp_and_decomposed_layers(tmp_path, strategy, net):
     seq, vec = _fit(tmp_path, strategy, 1, net), _fit(tmp_path, strategy, 3, net)  # groups of 3 and 1
     assert _vectorised(vec[0])
     _assert_same(seq, vec)
+
+
+#: Float64 runs: ``(strategy, net, client_kw, kw, hold_back)``. The MLPs run as a batched linear chain: its
+#: SGD step fused into the backward (plain SGD, FedAvg and its server-side variants), and held back as
+#: low-rank updates where ``hold_back`` (``DEFER_BYTES`` 0: every layer); or returning gradients (momentum,
+#: Adam, clipping, strategies with local terms or gradient hooks). SmallCNN runs under vmap.
+FLOAT64 = {
+    "fused": ("FedAvg", "mlp2", {"momentum": 0.0}, {}, False),
+    "fused-held-back": ("FedAvg", "mlp2", {"momentum": 0.0, "weight_decay": 0.0}, {}, True),
+    "fused-FedAdam-logistic": ("FedAdam", "logistic", {"momentum": 0.0}, {}, True),
+    "momentum": ("FedAvg", "mlp2", {}, {}, True),
+    "clipping": ("FedAvg", "mlp2", {"momentum": 0.0}, {"grad_clip_norm": 0.5}, True),
+    "adam": ("FedAvg", "mlp2", {"optimizer": "adam"}, {"lr": 0.01}, True),
+    "FedProx": ("FedProx", "mlp2", {}, {}, True),
+    "Scaffold": ("Scaffold", "mlp2", {"momentum": 0.0}, {}, True),
+    "FedSAM": ("FedSAM", "mlp2", {}, {}, True),
+    "vmap-cnn": ("FedAvg", "cnn", {}, {}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOAT64))
+def test_vectorised_clients_equal_one_at_a_time_in_float64(tmp_path, monkeypatch, case):
+    """The same weights, client states and metrics as one client at a time, to 1e-9 in float64: 5 clients
+    of unequal sizes (unequal step counts: a client's weights are taken when its own last step is done),
+    in groups of 3 and of 2 (a stack within the stack of 3)."""
+    strategy, net, client_kw, kw, hold_back = FLOAT64[case]
+    monkeypatch.setattr(batched, "DEFER_BYTES", 0 if hold_back else 2**40)
+    run = {"net": net, "precision": "64-true", "client_kw": client_kw, "data_kw": {"num_clients": 5}, **kw}
+    seq, vec = _fit(tmp_path, strategy, 1, **run), _fit(tmp_path, strategy, 3, **run)
+    assert _vectorised(vec[0]) and next(iter(global_weights(vec[0]).values())).dtype == torch.float64
+    (full, within) = sorted(vec[0].engine.executor.stacks.values(), key=lambda s: -s.size)
+    assert (full.size, within.size) == (3, 2) and within.within is full
+    assert full.chained == (net != "cnn")
+    fused = vec[0].history[-1]["vectorize"]["vectorize/fused_sgd"]
+    assert fused == float(case.startswith("fused"))
+    _assert_same(seq, vec, atol=1e-9)
+
+
+def test_auto_trains_the_rounds_clients_together_within_the_memory_budget(tmp_path):
+    vec = _fit(tmp_path, "FedAvg", "auto", "mlp", rounds=2, data_kw={"num_clients": 5})
+    assert vec[0].engine.executor.max_group == 5 and _vectorised(vec[0])
+    assert vec[0].history[-1]["vectorize"]["vectorize/group_size"] == 5.0
+    small = _fit(tmp_path / "small", "FedAvg", "auto", "cnn", rounds=1, vectorize_memory_gb=1e-4)
+    assert 1 <= small[0].engine.executor.max_group < 4  # ~100 KiB: fewer than the round's 4 clients
 
 
 @pytest.mark.parametrize("strategy", ["FedProx", "FedDC", "FedSAM", "FedSMOO"])
@@ -455,6 +515,40 @@ def test_vectorised_clients_equal_sequential_clients_on_cuda(tmp_path, strategy)
 
     seq, vec = fit(1), fit(4)
     assert _vectorised(vec) and vec.history[-1]["peak_memory_gb"] > 0
+    wa, wb = global_weights(seq), global_weights(vec)
+    for k in wa:
+        torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("client_kw", "hold_back"), [({}, False), ({"momentum": 0.0}, False), ({"momentum": 0.0}, True)]
+)
+def test_the_linear_chain_on_cuda_equals_sequential_clients(tmp_path, monkeypatch, client_kw, hold_back):
+    """The CPU's batched linear chain (returning gradients with momentum; the SGD step fused; held back as
+    low-rank updates) runs on CUDA too, where vmap is the default."""
+    monkeypatch.setattr(batched, "CHAIN_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(batched, "DEFER_BYTES", 0 if hold_back else 2**40)
+
+    def fit(vectorize):
+        module = make_module(
+            FedAvg(),
+            client_kw={"momentum": 0.9, "weight_decay": 0.0, **client_kw},
+            local_steps=None,
+            local_epochs=1,
+            vectorize=vectorize,
+        )
+        torch.manual_seed(0)
+        module.client.net = _net("mlp2")
+        make_trainer(tmp_path / str(vectorize), rounds=2, accelerator="gpu").fit(
+            module, datamodule=make_data()
+        )
+        return module
+
+    seq, vec = fit(1), fit(4)
+    (stack,) = vec.engine.executor.stacks.values()
+    assert _vectorised(vec) and stack.chained
+    assert vec.history[-1]["vectorize"]["vectorize/fused_sgd"] == float(client_kw.get("momentum", 0.9) == 0)
     wa, wb = global_weights(seq), global_weights(vec)
     for k in wa:
         torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)

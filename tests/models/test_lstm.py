@@ -92,15 +92,16 @@ def test_next_character_accuracy_per_client_and_global(tmp_path):
     assert set(module.final_client_metrics()) == {0, 1, 2, 3}
 
 
-def test_vectorised_clients_equal_one_at_a_time(tmp_path):
-    """vmap over the stacked LSTMs (step by step: ``aten::lstm`` has no batching rule)."""
+@pytest.mark.parametrize(("precision", "atol"), [("32-true", 1e-5), ("64-true", 1e-9)])
+def test_vectorised_clients_equal_one_at_a_time(tmp_path, precision, atol):
+    """vmap over the stacked LSTMs (step by step: ``aten::lstm`` has no batching rule), on the CPU too."""
     weights = []
     for vectorize in (1, 4):
         module = _module(vectorize)
-        make_trainer(tmp_path / str(vectorize), rounds=2).fit(
+        make_trainer(tmp_path / str(vectorize), rounds=2, precision=precision).fit(
             module, datamodule=tiny_text(tmp_path / str(vectorize))
         )
         weights.append(global_weights(module))
         assert module.history[-1].get("vectorised_clients", 0) == (4 if vectorize > 1 else 0)
     for k in weights[0]:
-        torch.testing.assert_close(weights[0][k], weights[1][k], rtol=0, atol=1e-5)
+        torch.testing.assert_close(weights[0][k], weights[1][k], rtol=0, atol=atol)
