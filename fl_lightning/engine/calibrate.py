@@ -45,7 +45,7 @@ import torch
 #: ``model.vectorize_cpu`` values.
 CPU_MODES = ("measure", "batched", "one_at_a_time")
 #: Clients timed one at a time before any group: a tenth of the largest group, within these bounds.
-MIN_TIMED, MAX_TIMED = 2, 8
+MIN_TIMED, MAX_TIMED = 2, 5
 #: Fraction of the host's available memory that a CPU group may use when no budget is given.
 HOST_MEMORY_FRACTION = 0.5
 

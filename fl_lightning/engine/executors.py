@@ -42,9 +42,10 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed, world
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientResult, RoundResult
+from fl_lightning.engine.batched import gradient_hooks
 from fl_lightning.engine.calibrate import CpuDecision
 from fl_lightning.engine.distributed import assign_clients
-from fl_lightning.engine.local import LocalConfig, evaluate_deployed, train_client
+from fl_lightning.engine.local import LocalConfig, evaluate_deployed, outputs_together, train_client
 from fl_lightning.engine.vectorized import (
     StackedWorker,
     UnvectorizableError,
@@ -250,6 +251,47 @@ class Vectorized(Sequential):
             steps = sum(work.local.num_steps(work.data[cid]) for cid in group)
             if decision.add(len(group), seconds, steps, work.round):
                 self._decided(decision)
+
+    def evaluate(self, work: Work) -> Evaluation:
+        """As one at a time (:meth:`Sequential.evaluate`); where every client deploys the global model
+        itself (a strategy with the base class's ``personalize`` and ``adapt`` and no personal layers, on a
+        network that vectorises), the clients' test batches go through it together, about
+        ``eval_batch_size`` samples per forward, and each client's metrics are updated with its own batches'
+        outputs as one at a time."""
+        worker = work.worker()
+        strategy, local = work.strategy, work.local
+        if (
+            self.size == 1
+            or gradient_hooks(strategy, ("personalize", "adapt"))
+            or strategy.personal_names(work.model)
+            or cannot_vectorize(worker, strategy, local, work.precision) is not None
+        ):
+            return super().evaluate(work)
+        load_tensors(worker, {k: v for k, v in work.model.state_dict().items() if v.is_floating_point()})
+        merged, metrics = work.metrics(), work.metrics()
+        per: dict[int, dict[str, float]] = {}
+        pending: list[tuple[int, list[Any]]] = []
+
+        def flush() -> None:
+            outputs = iter(outputs_together(worker, [b for _, bs in pending for b in bs], work.precision))
+            for cid, batches in pending:
+                metrics.reset()
+                for _, target in batches:
+                    metrics.update(next(outputs), target)
+                per[cid] = metrics.compute()
+                merged.merge(metrics)
+            pending.clear()
+
+        samples = 0
+        for cid in work.clients:
+            batches = list(work.data[cid].eval_batches(local.eval_batch_size))
+            pending.append((cid, batches))
+            samples += sum(len(y) for _, y in batches)
+            if samples >= local.eval_batch_size:
+                flush()
+                samples = 0
+        flush()
+        return per, merged
 
     def _group_size(self, work: Work, worker: ClientModule) -> int:
         """Clients per group this round (1: one at a time), with the run's one notice on why."""

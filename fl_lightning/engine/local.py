@@ -116,6 +116,30 @@ def evaluate(module: nn.Module, batches: Any, metrics: TaskMetrics, precision: A
     module.train(was_training)
 
 
+@torch.no_grad()
+def outputs_together(module: nn.Module, batches: Sequence[Any], precision: Any = None) -> list[Tensor]:
+    """``module``'s outputs (float) on each of ``batches`` (``(x, y)`` pairs, e.g. several clients' test
+    batches), computed as :func:`evaluate` computes them but in one forward for all of them (eval mode,
+    restored after; moved to ``module``'s device; the precision plugin's evaluation context and input
+    conversion). For a model whose evaluation treats each sample on its own (no batch statistics)."""
+    if not batches:
+        return []
+    was_training = module.training
+    module.eval()
+    device = module_device(module)
+    ctx = precision.val_step_context() if precision is not None else contextlib.nullcontext()
+    try:
+        with ctx:
+            xs = [to_device(b[0], device) for b in batches]
+            x = torch.cat(xs)
+            if precision is not None:
+                x = precision.convert_input(x)
+            out = module(x).float()
+    finally:
+        module.train(was_training)
+    return list(out.split([len(t) for t in xs]))
+
+
 @dataclass
 class LocalConfig:
     """How much local work a client does and how (shared by all clients of a run)."""
@@ -310,11 +334,13 @@ def start_client(
     round: int,
     config: LocalConfig,
     lr: float,
+    load: bool = True,
 ) -> ClientContext:
-    """Load ``message["weights"]`` into ``worker`` (train mode) and return the client's context for the
-    round, its state moved to the worker's device."""
+    """Load ``message["weights"]`` into ``worker`` (train mode; not if ``load`` is false: weights loaded
+    next anyway) and return the client's context for the round, its state moved to the worker's device."""
     device = module_device(worker)
-    load_tensors(worker, message.get("weights", {}))
+    if load:
+        load_tensors(worker, message.get("weights", {}))
     state = {k: v.to(device) for k, v in state.items()}
     worker.train()
     return ClientContext(

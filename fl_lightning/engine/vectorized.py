@@ -591,8 +591,10 @@ def finish_client(
     test split from :func:`evaluate_stacked` (None: evaluated here on the worker).
     """
     device = module_device(worker)
+    # the base class's on_client_start reads no weights: the message's need not be loaded before the client's
+    load = bool(gradient_hooks(strategy, ("on_client_start",)))
     with client_rng(config.seed, round, data.client_id, device):
-        ctx = start_client(worker, strategy, message, state, data, round, config, trained.lr)
+        ctx = start_client(worker, strategy, message, state, data, round, config, trained.lr, load)
         num_steps = ctx.num_steps
         with worker.local_training(), _dropping(ctx.scratch):
             strategy.on_client_start(worker, ctx)

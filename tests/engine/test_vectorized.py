@@ -13,7 +13,8 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.strategy import StrategyWrapper
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine import batched, vectorized
+from fl_lightning.engine import batched, executors, vectorized
+from fl_lightning.engine.local import outputs_together
 from fl_lightning.engine.vectorized import StackedWorker, group_size, stack_payloads, stack_states
 from fl_lightning.errors import ConfigError
 from fl_lightning.models import MLP, Decomposed, LogisticRegression, SmallCNN, Tensorized
@@ -212,6 +213,23 @@ def test_vectorised_clients_equal_one_at_a_time_in_float64(tmp_path, monkeypatch
     fused = vec[0].history[-1]["vectorize"]["vectorize/fused_sgd"]
     assert fused == float(case.startswith("fused"))
     _assert_same(seq, vec, atol=1e-9)
+
+
+@pytest.mark.parametrize(("plugin", "together"), [(None, True), ("FineTune", False)])
+def test_deployed_models_evaluate_together_with_the_metrics_of_one_at_a_time(
+    tmp_path, monkeypatch, plugin, together
+):
+    """Every client deploys the global model: their test batches go through it together (several clients
+    per forward), each client's metrics as one at a time; a strategy that adapts the model per client
+    (FineTune) evaluates one at a time."""
+    calls = []
+    monkeypatch.setattr(executors, "outputs_together", lambda *a: calls.append(1) or outputs_together(*a))
+    strategy = ("FineTune", lambda: FineTune(FedAvg(), epochs=1)) if plugin else "FedAvg"
+    seq, vec = _fit(tmp_path, strategy, 1, "mlp", rounds=1), _fit(tmp_path, strategy, 4, "mlp", rounds=1)
+    a, b = seq[0].final_client_metrics(), vec[0].final_client_metrics()
+    assert a.keys() == b.keys() == {0, 1, 2, 3} and bool(calls) == together
+    for cid in a:
+        assert b[cid] == pytest.approx(a[cid], rel=1e-5)
 
 
 def test_auto_trains_the_rounds_clients_together_within_the_memory_budget(tmp_path):
