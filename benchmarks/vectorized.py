@@ -100,6 +100,7 @@ def round_times(
         eval_clients_every=0,
         vectorize=vectorize,
         vectorize_memory_gb=args.memory_gb,
+        vectorize_cpu="batched",  # the vectorised path itself, whatever a CPU would measure
         threads_per_process=args.threads,
         compile=compile,
     )

@@ -16,10 +16,12 @@ every group the faster way. Nothing is trained twice: the measured clients are t
 small to split is timed whole, one way this round and the other way the next. The first client trained
 one at a time (warm-up) is left out of its side's time.
 
-Measured alternatives to one group of ``model.vectorize`` clients, such as smaller groups whose weights
-stay in cache across the local steps, were not worth it on the 2-core machine of the benchmarks: with a
-round's per-client work (upload, metrics, local evaluation) included, groups of 4 to 100 clients of the
-2NN took the same time per client-step within the noise of a shared machine.
+Groups are of ``model.vectorize`` clients (within the memory budget). Smaller groups, whose weights
+would stay in cache across the local steps, were measured too and not worth it on the benchmarks'
+2-core machine: with a round's per-client work (upload, metrics, local evaluation) included, groups of
+4 to 100 clients of the 2NN took the same time per client-step within the noise of a shared machine
+(and a large linear layer holds its steps back instead, :class:`~fl_lightning.engine.batched.Deferred`).
+A resumed run measures again in its first round.
 
 The decision is logged once (a notice when the clients train one at a time, since the run is then slower
 than asked) and put in every round's record as ``vectorize/*`` scalars (logged to TensorBoard and kept in
