@@ -222,8 +222,22 @@ class StackedWorker(nn.Module):
             and not torch.is_autocast_enabled(x.device.type)
         ):
             return self.chain(x)  # (under autocast, e.g. bf16-mixed, vmap keeps autocast's casts)
+        return self._vmapped(self._stacked_fn, x)
+
+    def eager(self, x: Tensor) -> Tensor:
+        """The forward, never compiled (e.g. for evaluation batches, whose shapes the compiled code was
+        not recorded for): the chain where it runs, else vmap."""
+        if (
+            self.chain is not None
+            and chain_runs_on(x.device)
+            and not torch.is_autocast_enabled(x.device.type)
+        ):
+            return self.chain(x)
+        return self._vmapped(self._stacked, x)
+
+    def _vmapped(self, fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         try:
-            return self._stacked_fn(x)
+            return fn(x)
         except RuntimeError as err:  # an operation without a batching rule: a declared reason
             text = str(err)
             if "Batching rule not implemented" not in text and not text.startswith("vmap"):
@@ -559,7 +573,7 @@ def evaluate_stacked(
                         x[k, : xy[0].shape[0]] = xy[0]
                 if precision is not None:
                     x = precision.convert_input(x)
-                logits = stack(x).float()
+                logits = stack.eager(x).float()
                 for k, xy in enumerate(batch):
                     if xy is not None:
                         out[k].append((logits[k, : xy[0].shape[0]], xy[1]))
