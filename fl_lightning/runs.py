@@ -48,11 +48,12 @@ def last_scalars(run: str | Path, tags: list[str]) -> dict[str, float | None]:
 
 
 def machine_text(machine: Mapping[str, Any] | None) -> str:
-    """A run's ``summary.json`` ``machine`` entry in words: ``torch 2.14.1, cpu (AVX2 kernels), 1 thread``.
+    """A run's ``summary.json`` ``machine`` entry in words: ``torch 2.14.1, cpu (AVX2 kernels), 1 thread``
+    (``, bf16-mixed precision`` when it did not run in full precision).
 
     Float results depend on it: the same config and seed can end elsewhere on another CPU instruction set
-    (torch picks its kernels by it), thread count, GPU or torch release. Empty for a run that did not
-    record it (written before ``machine`` was added).
+    (torch picks its kernels by it), thread count, precision, GPU or torch release. Empty for a run that did
+    not record it (written before ``machine`` was added).
     """
     if not machine:
         return ""
@@ -63,4 +64,6 @@ def machine_text(machine: Mapping[str, Any] | None) -> str:
         where += f" ({machine['cpu_kernels']} kernels)"
     threads = machine.get("threads")
     count = f", {threads} thread{'s' * (threads != 1)}" if isinstance(threads, int) else ""
-    return f"torch {machine.get('torch', '?')}, {where}{count}"
+    precision = machine.get("precision")  # named unless full precision, the default
+    mixed = f", {precision} precision" if precision and precision not in ("32-true", "32") else ""
+    return f"torch {machine.get('torch', '?')}, {where}{count}{mixed}"

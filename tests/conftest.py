@@ -9,10 +9,10 @@ import torch
 from lightning.pytorch import Trainer
 
 from fl_lightning.api.client import ClientModule
-from fl_lightning.cli import TRAINER_DEFAULTS
 from fl_lightning.data import IID, Dirichlet, FederatedDataModule
 from fl_lightning.engine import Engine, EngineConfig, LocalConfig, default_executor
 from fl_lightning.lightning.module import FederatedModule
+from fl_lightning.lightning.trainer import ROUND_DEFAULTS
 from fl_lightning.models import SmallCNN
 from fl_lightning.strategies import FedAvg, Strategy
 
@@ -55,7 +55,7 @@ def make_module(
 
 def make_trainer(tmp_path, rounds: int = 2, **kw: Any) -> Trainer:
     args = {
-        **TRAINER_DEFAULTS,
+        **ROUND_DEFAULTS,
         "max_steps": rounds,
         "default_root_dir": str(tmp_path),
         "logger": False,

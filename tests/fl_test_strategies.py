@@ -7,7 +7,7 @@ import signal
 
 import torch
 
-from fl_lightning.api.aggregation import BufferedAggregator
+from fl_lightning.api.aggregation import Aggregator
 from fl_lightning.strategies import FedAvg
 
 
@@ -44,22 +44,20 @@ class FailOn(FedAvg):
         return up
 
 
-class Median(BufferedAggregator):
+def median(entries):
     """Coordinate-wise median of the round's uploads (an order statistic: needs every upload)."""
-
-    def reduce(self, entries):
-        groups = entries[0][1]
-        return {
-            g: {n: torch.stack([up[g][n] for _, up, _ in entries]).median(dim=0).values for n in groups[g]}
-            for g in groups
-        }
+    groups = entries[0][1]
+    return {
+        g: {n: torch.stack([up[g][n] for _, up, _ in entries]).median(dim=0).values for n in groups[g]}
+        for g in groups
+    }
 
 
 class MedianFedAvg(FedAvg):
     """FedAvg with the coordinate-wise median as aggregate (all-gathered uploads under DDP)."""
 
     def aggregator(self):
-        return Median(self)
+        return Aggregator(reduce=median)
 
 
 class StopAt(FedAvg):

@@ -62,6 +62,26 @@ def test_print_config_and_help_document_every_knob(tmp_path, capsys):
     assert "Fraction of clients sampled per round" in helptext and "--data.partition" in helptext
 
 
+def test_help_reads_as_typed_and_leaves_out_the_flags_a_federated_round_refuses(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m fl_lightning fit [--config CONFIG] [options]\n")
+    assert "__main__" not in text and "known subclasses" not in text
+    words = " ".join(text.split())  # as read, whatever the terminal's width
+    assert "Rounds to run (one training step is one federated round)" in words  # trainer.max_steps
+    refused = words.split("Trainer flags a federated round cannot honour")[1]
+    for flag in ("max_epochs", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm"):
+        assert f"--trainer.{flag}" not in text and flag in refused
+    assert "--trainer.max_steps" in text and "--model.strategy" in text and "--data.partition" in text
+    assert len(text.splitlines()) < 500  # 750 when it listed every option in its usage line
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert top.startswith("usage: python -m fl_lightning ")
+    assert "python -m fl_lightning list [" in top and "python -m fl_lightning sweep FILE.yaml" in top
+
+
 def test_model_attack_is_off_by_default_and_printed_with_its_fields(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli(tmp_path, "fit", "--print_config")
@@ -126,7 +146,9 @@ def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
     # no new version_N: each evaluation is a sub-run of the checkpoint's run, at step = its rounds
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
     for sub, tag in (("validate", "global/acc"), ("test", "test/acc")):
-        assert [step for step, _ in read_scalars(tmp_path / "lightning_logs" / "version_0" / sub)[tag]] == [2]
+        scalars = read_scalars(tmp_path / "lightning_logs" / "version_0" / sub)
+        assert [step for step, _ in scalars[tag]] == [2]
+        assert "epoch" not in scalars  # Lightning's `epoch` card: one epoch holds every round
     elsewhere = tmp_path / "elsewhere.ckpt"
     shutil.copy(ckpt, elsewhere)
     run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={elsewhere}")

@@ -18,7 +18,6 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tensorboard.plugins.hparams import metadata
 from torch.utils.tensorboard import SummaryWriter
 
-from fl_lightning import cli
 from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.runs import read_scalars, read_summary
@@ -43,23 +42,6 @@ def run_cli(root: Path, *args: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ one run, one folder
-def test_claim_version_takes_the_next_free_number_and_skips_one_taken_meanwhile(tmp_path, monkeypatch):
-    for name in ("version_0", "version_2", "other"):
-        (tmp_path / name).mkdir()
-    assert cli._claim_version(tmp_path) == 3
-    mkdir = os.mkdir
-
-    def taken_first(path, *args):  # another run creates version_4 between our listing and our mkdir
-        if Path(path).name == "version_4" and not Path(path).exists():
-            mkdir(path)
-            raise FileExistsError(path)
-        return mkdir(path, *args)
-
-    monkeypatch.setattr(cli.os, "mkdir", taken_first)
-    assert cli._claim_version(tmp_path) == 5
-    assert {p.name for p in tmp_path.iterdir()} >= {"version_3", "version_4", "version_5"}
-
-
 #: ``python -c`` program: ``main()`` whose trainer (and run folder) is made only once both runs got there.
 TOGETHER = """
 import sys, time
@@ -238,8 +220,14 @@ def test_an_interrupted_run_writes_its_summary_for_the_rounds_done(
 
 
 # ---------------------------------------------------------------------------------- TensorBoard's HPARAMS tab
-def _hparams_plugin(run: Path) -> tuple[dict, list[str]]:
-    """The hyperparameters and metric tags TensorBoard's HPARAMS tab reads from a run folder."""
+def _hparams_plugin(run: Path) -> tuple[dict, list[str], list[str]]:
+    """The hyperparameters, metric tags and the hyperparameter columns shown at first that TensorBoard's
+    HPARAMS tab reads from a run folder.
+
+    TensorBoard (2.21: ``backend_context._sort_and_reduce_to_hparams_limit`` and the tab's "display the
+    first five") orders the experiment's hyperparameters by ``differs`` first, then by name, and shows the
+    first five; the others are behind a checkbox each.
+    """
     events = EventMultiplexer()
     events.AddRunsFromDirectory(str(run))
     events.Reload()
@@ -249,7 +237,8 @@ def _hparams_plugin(run: Path) -> tuple[dict, list[str]]:
     params = {
         k: v.number_value if v.HasField("number_value") else v.string_value for k, v in start.hparams.items()
     }
-    return params, [m.name.tag for m in experiment.metric_infos]
+    ordered = sorted(experiment.hparam_infos, key=lambda info: (not info.differs, info.name))
+    return params, [m.name.tag for m in experiment.metric_infos], [info.name for info in ordered[:5]]
 
 
 def test_the_hparams_tab_shows_the_config_and_the_summary_numbers(tmp_path):
@@ -264,8 +253,9 @@ def test_the_hparams_tab_shows_the_config_and_the_summary_numbers(tmp_path):
         "--data.partition=IID",
     )
     run = tmp_path / "lightning_logs" / "version_0"
-    params, metric_tags = _hparams_plugin(run)
+    params, metric_tags, shown = _hparams_plugin(run)
     assert params["model.strategy"] == "FedProx" and params["model.strategy.mu"] == 0.25
+    assert shown[:3] == ["model.strategy", "model.strategy.mu", "model.strategy.server_lr"]  # not hidden
     assert params["model.participation"] == 0.5 and params["model.local_steps"] == 1
     assert params["model.client.lr"] == pytest.approx(0.1) and params["data.partition"] == "IID"
     assert params["data.num_clients"] == 4 and params["seed_everything"] == 0
@@ -341,6 +331,20 @@ def test_a_run_without_a_terminal_prints_a_line_per_tenth_and_the_summary(tmp_pa
     run_cli(tmp_path, "validate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "--data.num_clients=4")
     out, err = console()
     assert [m for m in HIDDEN_ON_VALIDATE if m in out + err] == [] and "global/acc" in out
+
+
+def test_evaluating_a_run_from_the_command_line_gives_no_cli_warning(tmp_path, console, monkeypatch):
+    """``validate`` of a run's checkpoint reads the run's config into the arguments it parses, while
+    ``sys.argv`` holds the command: LightningCLI warned about "args" and "sys.argv" both given."""
+    run_cli(tmp_path, "fit", "--trainer.max_steps=1", *TINY)
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    console()
+    root = f"--trainer.default_root_dir={tmp_path}"
+    argv = ["validate", f"--ckpt_path={ckpt}", "--data.num_clients=4", root]
+    monkeypatch.setattr(sys, "argv", ["fl_lightning", *argv])
+    main()
+    out, err = console()
+    assert "global/acc" in out and "args parameter" not in err and err == ""
 
 
 def test_verbose_brings_back_lightnings_messages_and_a_line_per_round(tmp_path, console):

@@ -193,7 +193,7 @@ def test_metrics_are_computed_on_the_module_device_during_validation(tmp_path, d
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_module_placed_on_the_device_before_fit(tmp_path, device):
-    """_check_model runs the network on a sample of the data: the sample goes where the module is."""
+    """check_data runs the network on a sample of the data: the sample goes where the module is."""
     module = make_module().to(device)
     make_trainer(tmp_path, rounds=1, accelerator=ACCELERATOR[device]).fit(module, datamodule=synthetic_data())
     assert module.history

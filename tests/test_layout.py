@@ -4,12 +4,13 @@ Every subpackage (or top-level module) of ``fl_lightning`` sits in one layer, an
 subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside functions included:
 
    10  fl_lightning (the package root: re-exports), __main__ (the subcommands' dispatch)
-    9  flower | sweep
-                    the Flower adapter: ServerApp/ClientApp over the engine (optional extra) | grids of
-                    runs over seeds (processes of the command line; its parser reads their arguments)
-    8  cli          the command line
-    7  cli_errors   one-line messages of the command line
-    6  lightning    the Lightning adapter: FederatedModule (a round is a training step), checkpoints
+    9  sweep        grids of runs over seeds (processes of the command line; its parser reads their
+                    arguments)
+    8  cli | flower the command line | the Flower adapter: ServerApp/ClientApp over the engine (optional
+                    extra); neither imports the other: both build a run through config
+    7  config       a run's configuration: the parser, its one-line errors, the run built from it
+    6  lightning    the Lightning adapter: FederatedModule (a round is a training step), the round-as-step
+                    Trainer, checkpoints, loggers, the console
     5  callbacks    Lightning callbacks with federated hooks
     4  engine | strategies
                     the round written once, its executors, client state | the algorithms
@@ -45,10 +46,10 @@ LAYERS: dict[str, int] = {
     "strategies": 4,
     "callbacks": 5,
     "lightning": 6,
-    "cli_errors": 7,
+    "config": 7,
     "cli": 8,
+    "flower": 8,
     "sweep": 9,
-    "flower": 9,
     "": 10,
     "__main__": 10,
 }
@@ -139,6 +140,8 @@ def test_strategies_program_against_the_api_only():
         ("fl_lightning.lightning.module", "from fl_lightning.strategies.fedavg import FedAvg\n", False),
         ("fl_lightning.engine.round", "from fl_lightning.api.strategy import Strategy\n", False),
         ("fl_lightning.models.cp", "from fl_lightning.functional.cp import cp_als\n", False),
+        ("fl_lightning.flower.server_app", "from fl_lightning.cli import console\n", True),
+        ("fl_lightning.flower.federation", "from fl_lightning.config import build_run\n", False),
     ],
 )
 def test_the_check_catches_an_import_that_runs_back_up(module, source, bad):

@@ -1,8 +1,9 @@
-"""The README holds: its commands run, its example strategy works, its Layout is the tree.
+"""The README holds: its commands run, its examples work, its Layout is the tree.
 
 Every command line of the "Setup" and "Quickstart" blocks runs as written (at tiny sizes): the commands
 are read from README.md, so a reader copying them in order into a fresh checkout gets working commands,
-with the run folders (``version_0``, ``version_1``, ...) they name. The "Writing a strategy" example runs.
+with the run folders (``version_0``, ``version_1``, ...) they name. The "From Python" example runs as
+written, in an empty folder. The "Writing a strategy" example runs.
 The "Layout" block names every module of the package and every top-level folder, and nothing else.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.__main__ import main
+from fl_lightning.runs import read_summary
 from fl_lightning.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,9 +193,36 @@ def test_the_example_strategy_runs_against_the_api(monkeypatch):
     net = nn.Linear(3, 2)
     weights = {n: p.detach() + 1.0 for n, p in net.named_parameters()}  # every entry 1 away: 1/2 * 8
     prox = cls(mu=0.5)
-    ctx = ClientContext(0, 0, {"weights": weights}, {}, num_samples=10, num_steps=1, lr=0.1, strategy=prox)
+    ctx = ClientContext(0, 0, {"weights": weights}, {}, num_samples=10, num_steps=1, lr=0.1)
     assert torch.isclose(prox.local_loss(net, ctx, None, None), torch.tensor(0.5 * 4.0))
     spec = RunSpec(task=Task("multiclass"), num_classes=2, num_clients=4, input_shape=(3,))
     cls().check(net, spec)
     with pytest.raises(ConfigError):
         cls().check(net, RunSpec(task=Task("multilabel"), num_classes=2, num_clients=4, input_shape=(3,)))
+
+
+def _checkout_status() -> str | None:
+    """``git status --porcelain`` of the checkout (None outside a git checkout)."""
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    return status.stdout if status.returncode == 0 else None
+
+
+def test_the_from_python_example_runs_as_written_in_an_empty_folder(tmp_path, monkeypatch, capsys):
+    code = readme_python("From Python")
+    assert "federated_trainer(" in code and "ckpt_path=" in code and "read_summary(" in code
+    before = _checkout_status()
+    monkeypatch.chdir(tmp_path)  # the folder a reader runs it in: nothing else is there
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out.splitlines()
+    runs = tmp_path / "lightning_logs"
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
+    first, resumed = read_summary(runs / "version_0"), read_summary(runs / "version_1")
+    assert (first["rounds"], resumed["rounds"], resumed["rounds_this_run"]) == (5, 10, 5)
+    printed = [line for line in out if not line.startswith((" ", "round ", "fl_lightning summary"))]
+    assert printed[0] == f"final {first['final_global_acc']:.3f}, best {first['best_global_acc']:.3f}"
+    assert printed[1].startswith(f"best round {first['best_round']}: ") and printed[1].endswith(".ckpt")
+    assert printed[2:] == ["rounds 10"]
+    assert out.count("fl_lightning summary") == 2  # console() printed each run's summary
+    checkpoints = {p.name for p in (runs / "version_0" / "checkpoints").iterdir()}
+    assert checkpoints == {"last.ckpt", f"round={first['best_round']}.ckpt"}
+    assert _checkout_status() == before  # nothing written into the checkout

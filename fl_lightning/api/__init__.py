@@ -3,9 +3,10 @@
 - :mod:`~fl_lightning.api.types`: what travels through a round (``Payload``, ``ClientContext``,
   ``ClientResult``, ``RoundInfo``, ``RoundResult``) and what a run is made of (``RunSpec``);
 - :mod:`~fl_lightning.api.buffers`: ``TensorBuffers``, a strategy's model-shaped server state;
-- :mod:`~fl_lightning.api.aggregation`: the aggregators (``StreamingMean``, ``BufferedAggregator``);
+- :mod:`~fl_lightning.api.aggregation`: the ``Aggregator`` a strategy configures (weighting, receive, reduce);
 - :mod:`~fl_lightning.api.collectives`: the process-group collectives the aggregators use;
-- :mod:`~fl_lightning.api.strategy`: the ``Strategy`` base, ``StrategyWrapper`` and the registry;
+- :mod:`~fl_lightning.api.strategy`: the ``Strategy`` base, ``StrategyWrapper``, the ``Vectorizable``
+  declaration and the registry;
 - :mod:`~fl_lightning.api.task`: the ``Task`` (multiclass / multilabel: loss, predictions, metrics);
 - :mod:`~fl_lightning.api.metrics`: ``TaskMetrics``, merged by state;
 - :mod:`~fl_lightning.api.client`: ``ClientModule``, the client LightningModule;
@@ -17,16 +18,18 @@ Nothing here imports the engine, the Lightning or Flower adapters, the strategie
 
 from __future__ import annotations
 
-from fl_lightning.api.aggregation import Aggregator, BufferedAggregator, Entry, StreamingMean
+from fl_lightning.api.aggregation import Aggregator, Entry, weighted_mean
 from fl_lightning.api.attack import SimulatedAttack
 from fl_lightning.api.buffers import TensorBuffers
 from fl_lightning.api.client import ClientModule, merge_train_states
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import (
+    HOOKS,
     PERSONAL,
     STRATEGIES,
     Strategy,
     StrategyWrapper,
+    Vectorizable,
     get_strategy,
     list_strategies,
     load_personal,
@@ -44,11 +47,11 @@ from fl_lightning.api.types import (
 )
 
 __all__ = [
+    "HOOKS",
     "PERSONAL",
     "STRATEGIES",
     "TASKS",
     "Aggregator",
-    "BufferedAggregator",
     "ClientContext",
     "ClientModule",
     "ClientResult",
@@ -60,14 +63,15 @@ __all__ = [
     "SimulatedAttack",
     "Strategy",
     "StrategyWrapper",
-    "StreamingMean",
     "Task",
     "TaskMetrics",
     "TensorBuffers",
     "TrainState",
+    "Vectorizable",
     "get_strategy",
     "list_strategies",
     "load_personal",
     "merge_train_states",
     "register_strategy",
+    "weighted_mean",
 ]

@@ -5,7 +5,8 @@ configuration the strategy cannot run, e.g. a task it does not support, is a one
 there, never a client failure). A round of the :class:`~fl_lightning.engine.round.Engine` calls, in order::
 
     server: select_clients(num_clients, count, round, seed) -> the round's clients (seeded uniform)
-            aggregator()                                -> this round's Aggregator (StreamingMean)
+            aggregator()                                -> this round's Aggregator: per-group weighting,
+                                                           receive transform, reduction (streaming mean)
             message(model, client_id, round)           -> payload sent down
     client: on_client_start(module, ctx)                  (after the loop loaded message["weights"])
             configure_client_optimizer(module, ctx)     -> local optimizer (may be closure-based, SAM)
@@ -16,9 +17,7 @@ there, never a client failure). A round of the :class:`~fl_lightning.engine.roun
             upload(module, ctx)                         -> payload (ctx.state persists)
             process_upload(upload, ctx)                 -> payload sent up: clip, noise, compress
                                                            (bytes_up counts this)
-    server: server_receive(upload)                        per upload, inside the aggregator's add
-            weighting(group)                              "samples" or "uniform" per payload group
-            <aggregator: add per client, combine across processes, means>
+    server: <aggregator: add per client (receive, weights), combine across processes, means>
             process_aggregate(means, info)              -> means, e.g. noise for central DP
             server_update(model, means, info)             set .grad (pseudo-gradient), assign buffers
             <server optimizer step>                       SGD(lr) = FedAvg; momentum, Adam = FedOpt
@@ -40,15 +39,17 @@ starts from the global model's initial values), :meth:`upload` saves them, :meth
 loads them for evaluation. Subclasses that override these hooks call ``super()``.
 
 Vectorised clients (``model.vectorize=C``): the loop may run the local steps of up to ``C`` clients as one
-batched computation. A strategy opts in by setting ``vectorizable = True`` in its OWN class body (the
-attribute is not inherited, since a subclass may add terms that do not vectorise) when its client hooks
-obey this contract; otherwise the round falls back to one client at a time with a one-line notice:
+batched computation. A strategy class declares that its client hooks obey this contract in its OWN class
+body, with ``vectorizable = True`` or ``vectorizable = Vectorizable(scratch=..., unless=...)`` (the
+declaration is not inherited, since a subclass may add terms that do not vectorise); the engine reads it
+through :func:`cannot_vectorize` and :func:`vector_scratch` and nowhere else. Otherwise the round falls back
+to one client at a time with a one-line notice naming the reason:
 
 - ``on_client_start``, ``configure_client_optimizer``, ``local_loss``, ``local_step``,
   ``on_before_optimizer_step`` and ``on_after_optimizer_step`` are then called ONCE for the group on a
   stacked module whose parameters (same names) and gradients are ``[C, *shape]``, with a stacked
   context (``ctx.stacked == C``): ``ctx.state`` holds every client's entries stacked along dim 0 (an
-  entry a client does not have is zeros: opt in only if a missing entry means zero), and each message
+  entry a client does not have is zeros: declare it only if a missing entry means zero), and each message
   entry is either shared (the same tensor for every client, unstacked) or stacked. In these calls
   ``ctx.client_id`` is -1, ``ctx.data`` None and ``ctx.num_steps`` the group's largest.
 - The per-step terms are elementwise (``torch._foreach_*`` on aligned lists broadcast over the client
@@ -59,28 +60,31 @@ obey this contract; otherwise the round falls back to one client at a time with 
   :func:`~fl_lightning.functional.sharpness.global_norm`, ``clip_grads_`` or ``sam_offsets``.
 - New per-client tensors created during the steps are created like a parameter or gradient (so they
   are stacked), not like a message entry. Step-to-step values that :meth:`upload` reads from
-  ``ctx.scratch`` are listed in :attr:`vector_scratch` (tensors stacked along dim 0, or plain Python
+  ``ctx.scratch`` are listed in :attr:`Vectorizable.scratch` (tensors stacked along dim 0, or plain Python
   values); a client's values are taken when its own last step is done (clients with fewer steps stop
   there, whatever the group does afterwards).
 - No randomness from the global RNG during the steps (batch order comes from the client's generator).
 - :meth:`upload` and :meth:`process_upload` run per client, exactly as in the sequential round, on the
   worker holding that client's trained weights, after :meth:`on_client_start` was called again on it
   (with its message and its state at the start of the round) and the final ``ctx.state`` entries and
-  :attr:`vector_scratch` values were put into its context.
-- A plug-in (:class:`StrategyWrapper`) declares :attr:`vectorizable` for its own hooks and vectorises
-  only when its base does too; its :attr:`vector_scratch` is the base's plus its own
-  :attr:`StrategyWrapper.wrapper_scratch`. Override :meth:`cannot_vectorize` to give a specific reason.
+  scratch values were put into its context.
+- A plug-in (:class:`StrategyWrapper`) declares it for its own hooks and vectorises only when its base does
+  too; its scratch keys add to its base's. Clients with personal layers never vectorise (a client's first
+  round starts them from the initial model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+import functools
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api.aggregation import Aggregator, StreamingMean
+from fl_lightning.api.aggregation import Aggregator
 from fl_lightning.api.types import ClientContext, RoundInfo, RunSpec
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sampling import sample_clients
@@ -92,8 +96,29 @@ if TYPE_CHECKING:
 PERSONAL = "personal/"
 
 
+@dataclass(frozen=True)
+class Vectorizable:
+    """A strategy class's declaration that its client hooks follow the vectorised-clients contract (module
+    docstring), set in its own class body: ``vectorizable = Vectorizable(...)`` (``True`` is
+    ``Vectorizable()``).
+
+    Attributes:
+        scratch: ``ctx.scratch`` keys whose step-to-step values :meth:`Strategy.upload` reads, taken per
+            client after its own last step (SCAFFOLD's raw-gradient sum, FedSMOO's last perturbation,
+            FedNova's step count). A subclass's declaration adds to its parents' keys (its upload reads
+            theirs too); the declaration itself is not inherited.
+        unless: ``unless(strategy, module)``: a reason the run's clients cannot be stacked after all, known
+            only from the strategy's arguments or state (None: they can), e.g. FastSlow's slow-entry cache.
+    """
+
+    scratch: tuple[str, ...] = ()
+    unless: Callable[[Any, nn.Module], str | None] | None = None
+
+
 class Strategy(nn.Module):
     """Base strategy: FedAvg's behaviour on every hook; subclasses override what differs.
+
+    Each hook's docstring names the strategies that override it.
 
     Args:
         server_lr: Learning rate of the server optimizer applied to the pseudo-gradient
@@ -102,12 +127,9 @@ class Strategy(nn.Module):
 
     #: Registry name (set by subclasses; used by :func:`fl_lightning.strategies.list_strategies`).
     name: str = ""
-    #: The client hooks follow the vectorised-clients contract (module docstring); read from the class's
-    #: own body only, never inherited.
-    vectorizable: ClassVar[bool] = False
-    #: ``ctx.scratch`` keys whose per-step values :meth:`upload` reads (taken per client after its last
-    #: step in a vectorised round).
-    vector_scratch: ClassVar[tuple[str, ...]] = ()
+    #: The client hooks follow the vectorised-clients contract (module docstring): ``True`` or a
+    #: :class:`Vectorizable`; read from the class's own body only, never inherited.
+    vectorizable: ClassVar[Vectorizable | bool] = False
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -120,6 +142,7 @@ class Strategy(nn.Module):
         """Allocate server state for ``model`` and ``num_clients`` clients (once per run).
 
         Called before a checkpoint is restored, so buffers registered here are loaded by Lightning.
+        Overridden by every stateful strategy (SCAFFOLD's ``c``, FedDyn's ``h``, FedGen's generator, ...).
         """
         self.num_clients = num_clients
 
@@ -129,21 +152,24 @@ class Strategy(nn.Module):
         Called once before round 1, after :meth:`setup`, with the global model and what the run is made
         of (task, classes, input shape, precision). Check here everything a client hook would otherwise
         find out in every round (the task, the labels, the model's layers); overrides call ``super()``.
+        Used by VHL, FedReg (multiclass only), FedPAC (integer labels), FedNova (an SGD local optimizer).
         (The engine itself refuses a strategy with its own :meth:`local_step` under 16-bit mixed
         precision, whose gradient scaler steps the local optimizer itself: see :func:`own_local_step`.)
         """
 
     def configure_server_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        """The server optimizer over the global parameters; FedAvg: ``SGD(lr=server_lr)``."""
+        """The server optimizer over the global parameters; FedAvg: ``SGD(lr=server_lr)``.
+
+        FedAvgM (SGD with momentum), FedAdam (Adam), TDPFed (``beta`` as the lr).
+        """
         return torch.optim.SGD(params, lr=self.server_lr)
 
     def personal_names(self, model: nn.Module) -> set[str]:
-        """State entries that stay on the client and are never communicated (default: none)."""
-        return set()
+        """State entries that stay on the client and are never communicated (default: none).
 
-    def shared_names(self, model: nn.Module) -> list[str]:
-        """Names of the model entries that are communicated: floating state minus personal ones."""
-        return list(shared_state(model, exclude=self.personal_names(model)))
+        FedPer, FedRep, FedPAC (the head), LG-FedAvg (the body), Local (everything).
+        """
+        return set()
 
     def select_clients(self, num_clients: int, count: int, round: int, seed: int) -> list[int]:
         """The ``count`` clients that train in ``round`` (``count`` from participation/clients_per_round).
@@ -152,31 +178,48 @@ class Strategy(nn.Module):
         (:func:`~fl_lightning.functional.sampling.sample_clients`), so a resumed run draws the same
         clients. An override returns distinct ids in ``0..num_clients-1`` (any number, at least one; the
         loop sorts them) and must be a function of its arguments and the strategy's state, identical on
-        every process.
+        every process. Overridden by DP and FedAvg (s.a.r.), which record the round's seed and count.
         """
         return sample_clients(num_clients, count, seed, round)
 
     def aggregator(self) -> Aggregator:
-        """A fresh aggregator for one round; default: the streaming weighted mean.
+        """How this round's uploads are combined: the strategy's one aggregation declaration.
 
-        Return a :class:`~fl_lightning.api.aggregation.BufferedAggregator` subclass for reductions that need
-        every upload (median, trimmed mean, Krum). The aggregator applies :meth:`server_receive` and
-        :meth:`weighting` of the strategy it is bound to.
+        Called at the start of every round for a fresh :class:`~fl_lightning.api.aggregation.Aggregator`,
+        configured with the per-group ``weighting`` (SCAFFOLD's control variates, FedCM's ``K eta``,
+        FedSMOO's and FedGen's groups uniform; FedDyn, FedDC uniform throughout; FedNova ``n_k /
+        ||a_k||_1``), the ``receive`` transform applied to each upload on the server (TDPFed-ACT, FedAvg
+        (s.a.r.), FedGen) and a ``reduce`` that needs every upload (FedPAC's classifier collaboration, the
+        robust plug-ins). A plug-in builds on its base's (DP: ``reweighted``; robust plug-ins:
+        ``replace(reduce=...)``). Default: the streaming mean weighted by client sample count.
         """
-        return StreamingMean(self)
+        return Aggregator()
 
     # ---------------------------------------------------------------------------- server → client
     def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
-        """What the server sends ``client_id`` in ``round``; FedAvg: ``{"weights": w^t}``."""
+        """What the server sends ``client_id`` in ``round``; FedAvg: ``{"weights": w^t}``.
+
+        Extra groups: SCAFFOLD, FedDC (``c``), FedCM (``Delta^t``), FedSMOO (``s``), FedGen (the
+        generator), FedPAC (prototypes, combined head), TDPFed-ACT, DP (the clip norm); FedAvg (s.a.r.)
+        and FastSlow thin it.
+        """
         return {"weights": shared_state(model, exclude=self.personal_names(model))}
 
     # --------------------------------------------------------------------------------- client side
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
-        """After the loop loaded ``ctx.message["weights"]`` into ``module``: load personal entries."""
+        """After the loop loaded ``ctx.message["weights"]`` into ``module``: load personal entries.
+
+        Where strategies build the round's aligned lists (FedProx, SCAFFOLD, FedDyn, FedCM, ...) or
+        per-client work before the steps (FedCOG's generation, the Moreau envelope's ``theta``, FedPAC's
+        statistics).
+        """
         load_personal(module, ctx.state)
 
     def configure_client_optimizer(self, module: nn.Module, ctx: ClientContext) -> torch.optim.Optimizer:
-        """The local optimizer; default: the client LightningModule's ``configure_optimizers()``."""
+        """The local optimizer; default: the client LightningModule's ``configure_optimizers()``.
+
+        pFedMe and TDPFed (the Moreau envelope) record its undecayed learning rate here.
+        """
         return module.configure_optimizers()
 
     def local_step(
@@ -191,35 +234,41 @@ class Strategy(nn.Module):
 
         ``closure()`` zeroes the gradients, computes ``module.training_step`` (task loss plus
         :meth:`local_loss`), backpropagates, runs the ``on_before_optimizer_step`` hooks and clipping,
-        and returns the loss. Override for steps that need more than one closure-based optimizer step
-        (inner personalisation loops, perturb/restore); with 16-bit mixed precision and a gradient
-        scaler the loop steps the optimizer itself and this hook is not used.
+        and returns the loss. Override for steps that need more than one closure-based optimizer step:
+        the SAM family (FedSAM, MoFedSAM, FedGamma, FedSpeed, FedSMOO: perturb/restore), pFedMe and
+        TDPFed (inner personalisation loop), Ditto, FedRep, FedReg, PersonalAtoms. With 16-bit mixed
+        precision and a gradient scaler the loop steps the optimizer itself and this hook is not used.
         """
         optimizer.step(closure)
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
-        """A term added to the task loss at every local step (proximal, dual, KD...); None for none.
+        """A term added to the task loss at every local step; None for none.
 
-        The local loop calls it after ``module.training_step(batch)``; ``outputs`` are the outputs that
-        step returned (``{"loss": ..., "outputs": ...}``), None when it returned a bare loss (or in the
-        corrections pass of a SAM step): compute what you need from ``batch`` then.
+        FedProx (proximal), MOON (contrastive), FedDecorr, VHL, FedPAC (alignment), FedGen and FedCOG
+        (distillation). The local loop calls it after ``module.training_step(batch)``; ``outputs`` are the
+        outputs that step returned (``{"loss": ..., "outputs": ...}``), None when it returned a bare loss
+        (or in the corrections pass of a SAM step): compute what you need from ``batch`` then.
         """
         return None
 
     def on_before_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        """Edit gradients after backward and before the local step (e.g. SCAFFOLD's ``c - c_i``)."""
+        """Edit gradients after backward and before the local step: SCAFFOLD's ``c - c_i``, FedDyn's dual
+        terms, FedCM's momentum direction, FedDC's drift penalty."""
 
     def on_after_optimizer_step(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
     ) -> None:
-        """After each local optimizer step (e.g. accumulate a per-step quantity)."""
+        """After each local optimizer step: SCAFFOLD's raw-gradient sum, FedNova's count of the steps
+        actually taken."""
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
         """What the client sends back; FedAvg: ``{"weights": w_k}`` (shared entries only).
 
-        Personal entries are saved to ``ctx.state`` here instead of being uploaded.
+        Personal entries are saved to ``ctx.state`` here instead of being uploaded. Extra groups and
+        client state: SCAFFOLD's ``Delta c_i``, FedDyn's ``lambda_i``, FedCM's ``K eta``, FedNova's
+        ``||a_k||_1``, ...
         """
         personal = self.personal_names(module)
         if personal:
@@ -231,15 +280,17 @@ class Strategy(nn.Module):
         """Client side, after :meth:`upload`: what is really sent (default: ``upload`` unchanged).
 
         The place for clipping, local noise (local DP) and compression: the round's ``bytes_up`` and
-        the aggregate see the returned payload. Random draws here use the client's RNG stream (seeded
-        by ``(seed, round, client_id)``), so they repeat on a rerun and on any process.
+        the aggregate see the returned payload (DP clips the update here). Random draws here use the
+        client's RNG stream (seeded by ``(seed, round, client_id)``), so they repeat on a rerun and on any
+        process.
         """
         return upload
 
     def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
         """Turn the global model (already loaded in ``module``) into the model ``client_id`` deploys.
 
-        Used for per-client evaluation; default: load the client's personal entries, if any.
+        Used for per-client evaluation; default: load the client's personal entries, if any. Ditto,
+        pFedMe and TDPFed (the personalised model), FedPAC (the combined head), PersonalAtoms.
         """
         load_personal(module, state)
 
@@ -247,28 +298,15 @@ class Strategy(nn.Module):
         """Client-side work on its own training data after :meth:`personalize`, before its evaluation.
 
         For deployed models that the client computes at evaluation time from the current global
-        model, e.g. fine-tuning it locally (the "+FT" baselines); default: none.
+        model: FineTune (the "+FT" baselines); default: none.
         """
 
     # --------------------------------------------------------------------------------- server side
-    def server_receive(self, upload: Payload) -> Payload:
-        """Server side, per client: turn an upload into what is averaged (default: as is).
-
-        Runs after the upload's bytes are counted and before it enters the weighted sums, so a
-        strategy can aggregate something the server derives from each upload (TDPFed-ACT composes
-        full tensors from the uploaded CP factors) without sending it.
-        """
-        return upload
-
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        """How uploads of ``group`` are averaged: by client sample count (default) or uniformly."""
-        return "samples"
-
     def process_aggregate(self, means: Payload, info: RoundInfo) -> Payload:
         """Server side, after aggregation and before :meth:`server_update` (default: unchanged).
 
-        E.g. Gaussian noise on the aggregate for central DP. Runs on every process with the same
-        ``means``; draw noise from a generator seeded by the round so all processes agree.
+        DP: Gaussian noise on the aggregate. Runs on every process with the same ``means``; draw noise from
+        a generator seeded by the round so all processes agree.
         """
         return means
 
@@ -278,7 +316,9 @@ class Strategy(nn.Module):
 
         FedAvg/FedOpt (Reddi et al., 2021): for parameters ``p.grad = w - mean_k(w_k)``; float
         buffers (e.g. BatchNorm statistics) are assigned the average directly. Parameters with no
-        averaged value keep ``grad=None`` and are left unchanged by the optimizer.
+        averaged value keep ``grad=None`` and are left unchanged by the optimizer. Overridden by the
+        strategies with server state or another server step (SCAFFOLD, FedDyn, FedDC, FedCM, FedExP,
+        FedNova, FedPAC, TDPFed-ACT, FedAvg (s.a.r.), FastSlow).
         """
         weights = means.get("weights", {})
         params = dict(model.named_parameters())
@@ -290,10 +330,12 @@ class Strategy(nn.Module):
         load_tensors(model, {n: v for n, v in weights.items() if n not in params})
 
     def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
-        """After the server optimizer step (e.g. update server-side duals)."""
+        """After the server optimizer step: FedSMOO's global perturbation, FedGen's generator training,
+        FastSlow's restore of the slow entries."""
 
     def round_metrics(self) -> dict[str, float]:
-        """Scalars on the strategy's state after the round, e.g. ``{"privacy/epsilon": 1.2}`` (default none).
+        """Scalars on the strategy's state after the round (default none), e.g. DP's
+        ``{"privacy/epsilon": 1.2}``.
 
         The module logs them with the round's scalars (TensorBoard, at step = rounds done), keeps them
         in the run history, and the summary writes the last values to ``summary.json``. Must be the
@@ -302,7 +344,7 @@ class Strategy(nn.Module):
         return {}
 
     def stop_reason(self, round: int) -> str:
-        """Why ``round`` (0-based) must not run, e.g. a spent privacy budget; ``""`` lets it run.
+        """Why ``round`` (0-based) must not run, e.g. DP's spent privacy budget; ``""`` lets it run.
 
         Asked after each round for the next one, where a reason ends fit cleanly after the round
         (logged, checkpoint written), and before each round, after :meth:`select_clients`, where a
@@ -311,21 +353,36 @@ class Strategy(nn.Module):
         """
         return ""
 
-    def cannot_vectorize(self, module: nn.Module) -> str | None:
-        """Why this strategy's clients cannot be trained vectorised on ``module`` (None: they can).
-
-        Default: not unless the class itself sets :attr:`vectorizable` (see the module docstring), and
-        never with personal layers (a client's first round starts them from the initial model).
-        """
-        cls = type(self)
-        if cls.__dict__.get("vectorizable") is not True:
-            return f"{cls.__name__} does not declare vectorizable local terms"
-        if self.personal_names(module):
-            return f"{cls.__name__} keeps personal layers"
-        return None
-
     def extra_repr(self) -> str:
         return f"server_lr={self.server_lr}"
+
+
+#: Every hook of :class:`Strategy`, in the order of the module docstring (:class:`StrategyWrapper`
+#: forwards each of them to its base).
+HOOKS = (
+    "setup",
+    "check",
+    "configure_server_optimizer",
+    "personal_names",
+    "select_clients",
+    "aggregator",
+    "message",
+    "on_client_start",
+    "configure_client_optimizer",
+    "local_step",
+    "local_loss",
+    "on_before_optimizer_step",
+    "on_after_optimizer_step",
+    "upload",
+    "process_upload",
+    "personalize",
+    "adapt",
+    "process_aggregate",
+    "server_update",
+    "on_after_server_step",
+    "round_metrics",
+    "stop_reason",
+)
 
 
 def own_local_step(strategy: Strategy) -> str | None:
@@ -348,7 +405,9 @@ def load_personal(module: nn.Module, state: dict[str, Tensor]) -> None:
 class StrategyWrapper(Strategy):
     """A strategy that adds behaviour around another one (plug-ins such as FedCOG or fast/slow sync).
 
-    Every hook delegates to ``base``; a subclass overrides the hooks it changes and calls
+    Every hook (:data:`HOOKS`) delegates to ``base``: the forwarding methods are made from the hook list
+    when the class is created (each keeps its hook's signature and docstring); ``setup`` also records
+    ``num_clients`` on the wrapper. A subclass overrides the hooks it changes and calls
     ``self.base.<hook>(...)`` (or ``super().<hook>(...)``) for the rest. The wrapped strategy is a
     submodule, so its server state is checkpointed with the wrapper's.
 
@@ -356,122 +415,89 @@ class StrategyWrapper(Strategy):
         base: The wrapped strategy.
     """
 
-    #: ``ctx.scratch`` keys of the wrapper's own step-to-step values (:attr:`Strategy.vector_scratch`);
-    #: :attr:`vector_scratch` adds them to the base's.
-    wrapper_scratch: ClassVar[tuple[str, ...]] = ()
-
     def __init__(self, base: Strategy) -> None:
         super().__init__(server_lr=base.server_lr)
         self.base = base
-
-    @property
-    def vector_scratch(self) -> tuple[str, ...]:  # type: ignore[override]
-        """The base's step-to-step ``ctx.scratch`` keys and the wrapper's own (:attr:`wrapper_scratch`)."""
-        return tuple(dict.fromkeys((*self.base.vector_scratch, *self.wrapper_scratch)))
 
     def setup(self, model: nn.Module, num_clients: int) -> None:
         self.num_clients = num_clients
         self.base.setup(model, num_clients)
 
-    def check(self, model: nn.Module, spec: RunSpec) -> None:
-        self.base.check(model, spec)
-
-    def configure_server_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return self.base.configure_server_optimizer(params)
-
-    def personal_names(self, model: nn.Module) -> set[str]:
-        return self.base.personal_names(model)
-
-    def shared_names(self, model: nn.Module) -> list[str]:
-        return self.base.shared_names(model)
-
-    def select_clients(self, num_clients: int, count: int, round: int, seed: int) -> list[int]:
-        return self.base.select_clients(num_clients, count, round, seed)
-
-    def aggregator(self) -> Aggregator:
-        agg = self.base.aggregator()
-        agg.strategy = self  # the wrapper's server_receive/weighting (delegating by default) apply
-        return agg
-
-    def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
-        return self.base.message(model, client_id, round)
-
-    def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
-        self.base.on_client_start(module, ctx)
-
-    def configure_client_optimizer(self, module: nn.Module, ctx: ClientContext) -> torch.optim.Optimizer:
-        return self.base.configure_client_optimizer(module, ctx)
-
-    def local_step(
-        self,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        ctx: ClientContext,
-        batch: Any,
-        closure: Callable[[], Tensor],
-    ) -> None:
-        self.base.local_step(module, optimizer, ctx, batch, closure)
-
-    def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
-        return self.base.local_loss(module, ctx, batch, outputs)
-
-    def on_before_optimizer_step(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
-    ) -> None:
-        self.base.on_before_optimizer_step(module, optimizer, ctx)
-
-    def on_after_optimizer_step(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, ctx: ClientContext
-    ) -> None:
-        self.base.on_after_optimizer_step(module, optimizer, ctx)
-
-    def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
-        return self.base.upload(module, ctx)
-
-    def process_upload(self, upload: Payload, ctx: ClientContext) -> Payload:
-        return self.base.process_upload(upload, ctx)
-
-    def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
-        self.base.personalize(module, client_id, state)
-
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
-        self.base.adapt(module, data, state, batch_size)
-
-    def server_receive(self, upload: Payload) -> Payload:
-        return self.base.server_receive(upload)
-
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return self.base.weighting(group)
-
-    def process_aggregate(self, means: Payload, info: RoundInfo) -> Payload:
-        return self.base.process_aggregate(means, info)
-
-    def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
-        self.base.server_update(model, means, info)
-
-    def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
-        self.base.on_after_server_step(model, means, info)
-
-    def round_metrics(self) -> dict[str, float]:
-        return self.base.round_metrics()
-
-    def stop_reason(self, round: int) -> str:
-        return self.base.stop_reason(round)
-
-    def cannot_vectorize(self, module: nn.Module) -> str | None:
-        """The base's reason, else the wrapper's own (a plug-in declares :attr:`vectorizable` itself)."""
-        reason = self.base.cannot_vectorize(module)
-        return reason if reason is not None else super().cannot_vectorize(module)
-
     def extra_repr(self) -> str:
         return ""
 
 
+def _forwarding(name: str) -> Callable[..., Any]:
+    hook = getattr(Strategy, name)
+
+    @functools.wraps(hook)
+    def forward(self: StrategyWrapper, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.base, name)(*args, **kwargs)
+
+    return forward
+
+
+for _name in HOOKS:
+    if _name not in vars(StrategyWrapper):
+        setattr(StrategyWrapper, _name, _forwarding(_name))
+
+
+# ------------------------------------------------------------------------------ vectorised clients
+def _chain(strategy: Strategy) -> Iterator[Strategy]:
+    """``strategy``'s innermost base first, then each plug-in around it."""
+    if isinstance(strategy, StrategyWrapper):
+        yield from _chain(strategy.base)
+    yield strategy
+
+
+def _declared(strategy: Strategy) -> Vectorizable | None:
+    declared = type(strategy).__dict__.get("vectorizable")
+    return Vectorizable() if declared is True else declared if isinstance(declared, Vectorizable) else None
+
+
+def cannot_vectorize(strategy: Strategy, module: nn.Module) -> str | None:
+    """Why ``strategy``'s clients cannot be trained vectorised on ``module`` (None: they can).
+
+    Read from the :class:`Vectorizable` declarations alone: every class of the wrapper chain (innermost
+    first) must declare it in its own body, none of their ``unless`` may give a reason, and the clients keep
+    no personal layers (a client's first round starts them from the initial model).
+    """
+    for part in _chain(strategy):
+        declared = _declared(part)
+        if declared is None:
+            return f"{type(part).__name__} does not declare vectorizable local terms"
+        reason = declared.unless(part, module) if declared.unless is not None else None
+        if reason:
+            return reason
+    if strategy.personal_names(module):
+        return f"{type(strategy).__name__} keeps personal layers"
+    return None
+
+
+def vector_scratch(strategy: Strategy) -> tuple[str, ...]:
+    """The ``ctx.scratch`` keys of the step-to-step values ``strategy``'s uploads read: those declared by its
+    class and its parent classes (the upload that reads them is inherited too), and by the strategies it
+    wraps."""
+    keys = [
+        key
+        for part in _chain(strategy)
+        for cls in reversed(type(part).__mro__)
+        if isinstance(declared := cls.__dict__.get("vectorizable"), Vectorizable)
+        for key in declared.scratch
+    ]
+    return tuple(dict.fromkeys(keys))
+
+
+# ------------------------------------------------------------------------------ registry
 STRATEGIES: dict[str, type[Strategy]] = {}
 
 
 def register_strategy(cls: type[Strategy]) -> type[Strategy]:
-    """Class decorator adding a :class:`Strategy` subclass to the registry under ``cls.name``."""
+    """Class decorator adding a :class:`Strategy` subclass to the registry under ``cls.name``.
+
+    A class registered from a module outside the package (imported before the command line parses, or
+    once by its class path) is then named by its class name too, as the package's are.
+    """
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name` to be registered")
     STRATEGIES[cls.name] = cls
@@ -483,15 +509,30 @@ def list_strategies() -> list[str]:
     return sorted((cls.__name__ for cls in STRATEGIES.values()), key=str.lower)
 
 
-def get_strategy(name: str, **kwargs: object) -> Strategy:
-    """Instantiate a registered strategy by class name (``FedProx``) or registry name (``fedprox``).
+#: How a strategy in a module of one's own is named where its module was never imported.
+CLASS_PATH_HINT = "a strategy of your own is named by its class path, e.g. my_package.my_module.MyProx"
 
-    Both are matched case-insensitively.
+
+def get_strategy(name: str, **kwargs: object) -> Strategy:
+    """Instantiate a strategy by class name (``FedProx``), registry name (``fedprox``) or class path
+    (``my_package.my_module.MyProx``, imported here).
+
+    Names are matched case-insensitively among the registered strategies.
     """
+    if "." in name:
+        module, _, attr = name.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"model.strategy={name!r} cannot be imported ({err})") from None
+        if not (isinstance(found, type) and issubclass(found, Strategy)):
+            raise ConfigError(f"model.strategy={name!r} is not a Strategy subclass")
+        return found(**kwargs)
     key = name.lower()
     cls = STRATEGIES.get(key) or next((c for c in STRATEGIES.values() if c.__name__.lower() == key), None)
     if cls is None:
         raise ConfigError(
-            f"model.strategy={name!r} is not a known strategy; choose one of {', '.join(list_strategies())}"
+            f"model.strategy={name!r} is not a known strategy; choose one of {', '.join(list_strategies())}; "
+            f"{CLASS_PATH_HINT}"
         )
     return cls(**kwargs)

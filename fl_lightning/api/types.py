@@ -9,7 +9,7 @@ against before the first round (:meth:`~fl_lightning.api.strategy.Strategy.check
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -17,7 +17,6 @@ from torch import Tensor
 from fl_lightning.functional.tensor import Payload
 
 if TYPE_CHECKING:
-    from fl_lightning.api.strategy import Strategy
     from fl_lightning.api.task import Task
     from fl_lightning.data.federated import ClientData
 
@@ -38,7 +37,6 @@ class ClientContext:
         num_samples: Size of the client's local training split (its aggregation weight).
         num_steps: Local optimizer steps this round (``K``).
         lr: The local learning rate of this round (after the per-round decay).
-        strategy: The strategy running this client.
         step: Local steps completed so far in this round.
         scratch: Per-round scratch space for the strategy (dropped after the round).
         data: The client's local data (index arrays into the shared training tensors; read-only),
@@ -51,6 +49,8 @@ class ClientContext:
             message's per-client entries then hold the clients along dim 0 (``[C, *shape]``), and
             reductions over a client's parameters must be per client (see
             :attr:`fl_lightning.api.strategy.Strategy.vectorizable`).
+
+    The fields after ``lr`` are keyword-only.
     """
 
     client_id: int
@@ -60,7 +60,7 @@ class ClientContext:
     num_samples: int
     num_steps: int
     lr: float
-    strategy: Strategy
+    _: KW_ONLY
     step: int = 0
     scratch: dict[str, Any] = field(default_factory=dict)
     data: ClientData | None = None

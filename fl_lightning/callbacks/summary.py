@@ -133,7 +133,7 @@ class FederatedSummary(Callback):
         dm = getattr(trainer, "datamodule", None)
         self.summary["global_split"] = getattr(dm, "val_split", "test")
         self.summary["interrupted"] = reason is not None
-        self.summary["machine"] = machine_info(pl_module.device)
+        self.summary["machine"] = machine_info(pl_module.device, trainer.precision)
         if reason is not None:
             self.summary["reason"] = reason
 
@@ -189,17 +189,23 @@ class FederatedSummary(Callback):
             params = dict(getattr(pl_module, "hparams", None) or {})
         metrics = hparam_metrics(self.summary)
         for logger in trainer.loggers:
-            logger.log_hyperparams(params, metrics, step=self.summary["rounds"])
-            if isinstance(logger, TensorBoardLogger):  # it writes hparams.yaml only if there is none yet
+            if isinstance(logger, TensorBoardLogger):
+                log_hparams_tab(logger, params, metrics, self.summary["rounds"])
+                # Lightning writes hparams.yaml only if there is none yet (a resumed run has one)
                 save_hparams_to_yaml(Path(logger.log_dir) / logger.NAME_HPARAMS_FILE, logger.hparams)
+            else:
+                logger.log_hyperparams(params, metrics, step=self.summary["rounds"])
 
 
-def machine_info(device: torch.device) -> dict[str, Any]:
-    """Where a run computed: torch's version, the device, its CPU kernels or GPU name, intra-op threads.
+def machine_info(device: torch.device, precision: str | None = None) -> dict[str, Any]:
+    """Where and how a run computed: torch's version, the device, its CPU kernels or GPU name, intra-op
+    threads, and the precision that ran (``trainer.precision`` after Lightning resolved it: ``16-mixed``
+    asked for on a CPU runs as ``bf16-mixed``).
 
     ``cpu_kernels`` is the instruction set torch dispatches its CPU kernels for
     (``torch.backends.cpu.get_cpu_capability()``: ``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY``
-    lowers it): runs of one config and seed agree bit for bit only on the same kernels and thread count.
+    lowers it): runs of one config and seed agree bit for bit only on the same kernels, thread count and
+    precision.
     """
     out: dict[str, Any] = {"torch": torch.__version__, "device": device.type}
     if device.type == "cuda":
@@ -207,7 +213,42 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     else:
         out["cpu_kernels"] = torch.backends.cpu.get_cpu_capability()
     out["threads"] = torch.get_num_threads()
+    if precision is not None:
+        out["precision"] = str(precision)
     return out
+
+
+#: Hyperparameters TensorBoard's HPARAMS tab shows as columns before the others (it shows five at first,
+#: the rest by name behind a checkbox): the strategy, then its arguments.
+SHOWN_FIRST = ("model.strategy",)
+
+
+def log_hparams_tab(
+    logger: TensorBoardLogger, params: Mapping[str, Any], metrics: Mapping[str, float], step: int
+) -> None:
+    """``logger.log_hyperparams(params, metrics, step)``, with the strategy's columns shown by default.
+
+    TensorBoard's HPARAMS tab shows the first five hyperparameters of a run, those marked as differing
+    across runs first, then by name: ``data.batch_size``, ``data.dataset``, ... and not ``model.strategy``.
+    The experiment record written here marks ``model.strategy`` and its arguments (``model.strategy.mu``)
+    that way, so they are the columns shown; the others are one click away. Otherwise as Lightning's
+    ``TensorBoardLogger.log_hyperparams`` (the metrics at ``step``, ``logger.hparams`` for hparams.yaml).
+    """
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+    logger.hparams.update(params)
+    logger.log_metrics(dict(metrics), step)
+    flat = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
+    experiment, start, end = hparams_summaries(flat, dict(metrics))
+    value = experiment.value[0]
+    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for info in data.experiment.hparam_infos:
+        info.differs = any(info.name == k or info.name.startswith(f"{k}.") for k in SHOWN_FIRST)
+    value.metadata.plugin_data.content = data.SerializeToString()
+    writer = logger.experiment._get_file_writer()  # as Lightning's log_hyperparams: no public writer API
+    for summary in (experiment, start, end):
+        writer.add_summary(summary, step)
 
 
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:

@@ -351,7 +351,6 @@ def start_client(
         data.num_samples,
         config.num_steps(data),
         lr,
-        strategy,
         data=data,
         seed=config.seed,
     )

@@ -55,6 +55,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.strategy import cannot_vectorize as strategy_cannot_vectorize
+from fl_lightning.api.strategy import vector_scratch
 from fl_lightning.api.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData, take_stacked
 from fl_lightning.engine.batched import ChainRun, chain_runs_on, fusion_blocker, gradient_hooks, linear_chain
@@ -96,7 +98,7 @@ def cannot_vectorize(
     worker: nn.Module, strategy: Strategy, config: LocalConfig, precision: Any
 ) -> str | None:
     """Why the round's clients cannot be trained vectorised (None: they can); one short clause."""
-    reason = strategy.cannot_vectorize(worker)
+    reason = strategy_cannot_vectorize(strategy, worker)  # the strategy's Vectorizable declarations
     if reason is not None:
         return reason
     if not isinstance(worker, ClientModule):
@@ -315,7 +317,6 @@ def train_stacked(
         sum(d.num_samples for d in datas),
         max(steps),
         0.0,
-        strategy,
         seed=config.seed,
         stacked=size,
     )
@@ -479,7 +480,7 @@ def _take(
             raise UnvectorizableError(f"ctx.state[{key!r}] is not stacked over the clients")
         state[key] = t[k].clone()
     scratch = {
-        key: _slice(ctx.scratch[key], k, size) for key in strategy.vector_scratch if key in ctx.scratch
+        key: _slice(ctx.scratch[key], k, size) for key in vector_scratch(strategy) if key in ctx.scratch
     }
     records = [(loss[k], correct[k, : counts[s][k]]) for s, loss, correct in stack.records if s < steps]
     return Trained(params, state, scratch, records, ctx.lr, view)

@@ -1,16 +1,15 @@
 """An fl_lightning run built from its YAML config, for the Flower apps.
 
 Both apps read the config a user gives ``python -m fl_lightning fit --config``, through the same parser
-(:class:`~fl_lightning.cli.FederatedCLI`, so the same seed gives the same initial model and the same
-partition). The ServerApp builds the whole run, Trainer included (:func:`load_run`), and fits it with the
+and builder as ``fit`` (:func:`fl_lightning.config.build_run`, so the same seed gives the same initial model
+and the same partition). The ServerApp builds the whole run, Trainer included (:func:`load_run`: the
+round-as-step Trainer of :func:`~fl_lightning.lightning.trainer.federated_trainer`), and fits it with the
 clients' work sent to the SuperNodes; a ClientApp builds the model, the strategy and the data without a
 Trainer (:func:`load_federation`) and trains its own partition.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,20 +19,13 @@ from typing import Any
 import torch
 from lightning.pytorch import Trainer
 
-from fl_lightning.cli import FederatedCLI
+from fl_lightning.config import RunBuilder, build_run
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.engine.executors import Sequential
 from fl_lightning.engine.local import cpu_threads
 from fl_lightning.engine.work import Executor
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import FederatedModule
-
-
-class _ConfigOnlyCLI(FederatedCLI):
-    """The CLI's parsing and instantiation of model and data, without a Trainer."""
-
-    def instantiate_trainer(self, **kwargs: Any) -> None:
-        return None
 
 
 @dataclass
@@ -78,28 +70,22 @@ def resolve_config(config: str | Path, root: str | Path | None = None) -> Path:
     return path
 
 
-def _parse(cls: type[FederatedCLI], path: Path, overrides: Sequence[str]) -> FederatedCLI:
-    """The CLI of ``path`` + ``overrides`` (not run); a bad value is the CLI's one line as a ConfigError."""
-    err = io.StringIO()
+def _build(path: Path, overrides: Sequence[str], trainer: bool = True) -> RunBuilder:
+    """The run of ``path`` + ``overrides``; a bad value is ``fit``'s one line, after the file's name."""
     try:
-        with contextlib.redirect_stderr(err):
-            return cls(args=["--config", str(path), *overrides], run=False)
-    except SystemExit:
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        text = lines[-1].removeprefix("error: ") if lines else "cannot be parsed"
-        raise ConfigError(f"{path}: {text}") from None
+        return build_run(["--config", str(path), *overrides], trainer=trainer)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
-def load_run(
-    config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None
-) -> FederatedCLI:
-    """The whole run of ``config`` (plus ``overrides``) as ``fit`` builds it: ``cli.trainer``, ``cli.model``,
-    ``cli.datamodule`` (the global RNGs seeded with ``seed_everything`` first, as ``fit`` does).
+def load_run(config: str | Path, overrides: Sequence[str] = (), root: str | Path | None = None) -> RunBuilder:
+    """The whole run of ``config`` (plus ``overrides``) as ``fit`` builds it: ``run.trainer``, ``run.model``,
+    ``run.datamodule`` (the global RNGs seeded with ``seed_everything`` first, as ``fit`` does).
 
     Raises:
-        ConfigError: One line, for a missing file or a bad value (the CLI's own message).
+        ConfigError: One line, for a missing file or a bad value (``fit``'s own message).
     """
-    return _parse(FederatedCLI, resolve_config(config, root), overrides)
+    return _build(resolve_config(config, root), overrides)
 
 
 def node_precision(precision: Any, device: torch.device) -> Any:
@@ -145,20 +131,18 @@ def load_federation(
     a :class:`~fl_lightning.engine.executors.Sequential` executor (its checks run here too).
 
     Raises:
-        ConfigError: One line, for a missing file or a bad value (the CLI's own message).
+        ConfigError: One line, for a missing file or a bad value (``fit``'s own message).
     """
     path = resolve_config(config, root)
-    cli = _parse(_ConfigOnlyCLI, path, overrides)
-    module, data = cli.model, cli.datamodule
-    accelerator = str(cli.config.get("trainer.accelerator", "auto"))
+    run = _build(path, overrides, trainer=False)
+    module, data = run.model, run.datamodule
+    accelerator = str(run.config.get("trainer.accelerator", "auto"))
     gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
     device = torch.device("cuda" if gpu else "cpu")
     data.setup("fit")
-    module._check_model(data)  # the config errors `fit` gives for a model that does not fit the data
-    local = module.engine.config.local
-    local.batch_size, local.eval_batch_size = data.batch_size, data.eval_batch_size
-    precision = node_precision(cli.config.get("trainer.precision"), device)
-    module.engine.setup(data.clients, data.task, data.num_classes, precision, Sequential())
+    module.use_executor(Sequential())  # a node trains its own clients, one at a time
+    precision = node_precision(run.config.get("trainer.precision"), device)
+    module.connect_data(data, precision)  # as fit's setup: the same checks, one-line errors
     module.client.to(device)
     module.strategy.to(device)
     if device.type == "cpu":

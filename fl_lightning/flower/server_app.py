@@ -18,11 +18,11 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_lightning.cli import console
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.flower.client_app import CONFIG_KEY
 from fl_lightning.flower.executor import FlowerExecutor
 from fl_lightning.flower.federation import load_run
+from fl_lightning.lightning.console import console
 from fl_lightning.lightning.module import FederatedModule
 
 log = logging.getLogger("fl_lightning")
@@ -65,10 +65,10 @@ def fit_on_grid(
     """
     extra = [f"--trainer.max_steps={num_rounds}"] if num_rounds else []
     with console():
-        cli = load_run(config, [*overrides, *extra], root)
-        module = cli.model
+        run = load_run(config, [*overrides, *extra], root)
+        module = run.model
         module.use_executor(FlowerExecutor(grid, wait_for_nodes=wait_for_nodes, timeout=timeout))
-        cli.trainer.fit(module, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        run.trainer.fit(module, datamodule=run.datamodule, ckpt_path=ckpt_path)
     return module
 
 

@@ -1,7 +1,7 @@
 """Pure math on tensors and whole parameter groups, laid out like torchmetrics' functional package.
 
 ``tensor`` (payload arithmetic, seeds, devices, proximal terms), ``corrections`` (SCAFFOLD, FedDyn, FedDC,
-FedCM, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
+FedCM, FedNova, Adam moments), ``sharpness`` (SAM's norm, offsets, perturb/restore), ``moreau`` (the Moreau
 envelope's inner problem), ``distillation`` (FedCOG's generation and KD), ``representation`` (MOON,
 FedDecorr, heads and feature taps), ``decomposition`` (filter atoms x coefficients), ``cp`` (CP
 factorisation, AFM/ACT), ``robust`` (median, trimmed mean, Krum, norm clipping, attacks),
@@ -24,6 +24,7 @@ from fl_lightning.functional.corrections import (
     feddyn_dual_updates,
     feddyn_gradient,
     feddyn_gradients,
+    fednova_norm,
     fill_missing,
     scaffold_control_update,
     trainable_parameters,
@@ -179,6 +180,7 @@ __all__ = [
     "feddyn_dual_updates",
     "feddyn_gradient",
     "feddyn_gradients",
+    "fednova_norm",
     "fill_missing",
     "flatten",
     "frozen",

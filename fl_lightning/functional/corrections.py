@@ -1,4 +1,4 @@
-"""Plain math of the drift-correcting strategies (SCAFFOLD, FedDyn, FedDC, FedCM).
+"""Plain math of the drift-correcting strategies (SCAFFOLD, FedDyn, FedDC, FedCM) and FedNova's step count.
 
 Each rule comes twice: on one tensor (one parameter; ``feddyn_gradient``), and on a whole parameter
 group as aligned lists (``feddyn_gradients``), computed with multi-tensor ``torch._foreach_*`` ops
@@ -187,3 +187,39 @@ def fedcm_directions_(params: Tensors, momenta: Tensors, alpha: float) -> None:
         for p, m in zip(params, momenta):
             if p.grad is None:  # shaped like p: stacked clients' parameters broadcast a shared Delta
                 p.grad = torch.zeros_like(p).add_(m, alpha=1.0 - alpha)
+
+
+def fednova_norm(steps: int, momentum: float = 0.0, prox: float = 0.0) -> float:
+    """``||a_i||_1`` of FedNova (Wang et al., NeurIPS 2020, Sec. 4): how many plain-SGD steps' worth of
+    gradient a client's local change holds.
+
+    A client that took ``tau = steps`` local steps from ``x^t`` moved by ``x^t - x_i = eta sum_k a_{i,k} g_k``
+    (``g_k`` the step's stochastic gradient, weight decay included); ``||a_i||_1 = sum_k |a_{i,k}|``:
+
+    - plain SGD: ``a_i = [1, ..., 1]``, ``||a_i||_1 = tau``;
+    - heavy-ball momentum ``rho`` (``v <- rho v + g``, ``x <- x - eta v``; torch's SGD without dampening or
+      Nesterov): ``a_{i,k} = (1 - rho^(tau-k)) / (1 - rho)``,
+      ``||a_i||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho)``;
+    - a proximal term ``mu/2 ||x - x^t||^2`` (FedProx), ``prox = alpha = eta mu``:
+      ``a_{i,k} = (1 - alpha)^(tau-1-k)``, ``||a_i||_1 = [1 - (1 - alpha)^tau] / alpha``;
+    - both: the sum of the coefficients of the same linear recursion (``v <- rho v + g + mu (x - x^t)``),
+      for which the paper gives no closed form; the sum equals ``||a_i||_1`` while the coefficients are
+      non-negative (as in every case the paper treats), and keeps ``d_i = G_i a_i / sum_k a_{i,k}`` a
+      gradient average (``g`` for a constant gradient ``g``) when an underdamped recursion makes some of
+      them negative.
+    """
+    tau = int(steps)
+    if momentum == 0 and prox == 0:
+        return float(tau)
+    if prox == 0:
+        return (tau - momentum * (1 - momentum**tau) / (1 - momentum)) / (1 - momentum)
+    if momentum == 0:
+        return (1 - (1 - prox) ** tau) / prox
+    # the response Y_m of -(x - x^t)/eta, m steps after one unit gradient: V <- rho V - alpha Y, Y <- Y + V
+    total, v, y = 0.0, 1.0, 1.0
+    for m in range(tau):
+        if m:
+            v = momentum * v - prox * y
+            y = y + v
+        total += y
+    return total

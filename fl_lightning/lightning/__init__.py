@@ -2,14 +2,28 @@
 
 - :mod:`~fl_lightning.lightning.module`: ``FederatedModule`` (logging, validation of the global model,
   the federated callback hooks, checkpoint state) over the engine;
+- :mod:`~fl_lightning.lightning.trainer`: :func:`federated_trainer`, the Trainer whose step is a round
+  (its defaults, ``last.ckpt`` every round, the summary, atomic checkpoints, the run folder), used by the
+  command line, the Flower ServerApp and Python alike;
 - :mod:`~fl_lightning.lightning.checkpoint`: atomic checkpoint writes, ``last.ckpt`` every round, what a
   resume must agree on;
-- :mod:`~fl_lightning.lightning.loggers`: the logger of ``validate``/``test`` runs.
+- :mod:`~fl_lightning.lightning.loggers`: run folders claimed atomically, the logger of ``validate``/``test``;
+- :mod:`~fl_lightning.lightning.console`: Lightning's noise left out of a command's output.
 """
 
 from __future__ import annotations
 
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
+from fl_lightning.lightning.console import console, quiet
 from fl_lightning.lightning.module import FederatedModule
+from fl_lightning.lightning.trainer import ROUND_DEFAULTS, federated_trainer
 
-__all__ = ["AtomicCheckpointIO", "FederatedModule", "LastRoundCheckpoint"]
+__all__ = [
+    "ROUND_DEFAULTS",
+    "AtomicCheckpointIO",
+    "FederatedModule",
+    "LastRoundCheckpoint",
+    "console",
+    "federated_trainer",
+    "quiet",
+]

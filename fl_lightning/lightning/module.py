@@ -59,8 +59,11 @@ class FederatedModule(LightningModule):
     parameters are those of the server optimizer, which the strategy provides and which is stepped
     once per round with the pseudo-gradient ``w - mean_k(w_k)`` (FedOpt framing). So
     ``trainer.max_steps`` is the number of rounds, ``trainer.global_step`` is the number of rounds
-    done, validation after each round evaluates the global model on the global test set
-    (``global/*``), and ModelCheckpoint, EarlyStopping and LearningRateMonitor work per round.
+    done, validation after each round evaluates the global model on the data module's validation split
+    (``data.val_fraction > 0``), else on the global test set (``global/*``), ``test`` evaluates it on the
+    test set (``test/*``), and ModelCheckpoint, EarlyStopping and LearningRateMonitor work per round.
+    Fit it with :func:`~fl_lightning.lightning.trainer.federated_trainer`, whose defaults make a round a
+    step (a plain ``Trainer`` validates once per epoch, i.e. after the last round).
 
     Args:
         client: The client LightningModule: network, task loss, local optimizer.
@@ -240,17 +243,28 @@ class FederatedModule(LightningModule):
                 torch.set_num_threads(threads)
         dm = self.datamodule
         dm.setup(stage)
-        self._check_model(dm)
+        self.connect_data(dm, self.trainer.precision_plugin)
+        self.global_metrics = Task(dm.task).metrics(dm.num_classes)
+        self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
+
+    def connect_data(self, dm: FederatedDataModule, precision_plugin: Any = None) -> None:
+        """Check the model against ``dm`` (set up) and set the round engine up on its clients.
+
+        ``setup`` calls it with the Trainer's precision plugin; a process that trains clients without a
+        Trainer (a Flower ClientApp) calls it after ``dm.setup("fit")``, so a model that does not fit the
+        data, or a strategy that cannot run on it, is the same one-line ``ConfigError`` on every path.
+        """
+        self.check_data(dm)
         local = self.engine.config.local
         local.batch_size, local.eval_batch_size = dm.batch_size, dm.eval_batch_size
         self.engine.model, self.engine.strategy = self.client, self.strategy  # as set on the module now
         executor = self._executor or default_executor(local)  # inside a process group: its share
-        self.engine.setup(dm.clients, dm.task, dm.num_classes, self.trainer.precision_plugin, executor)
-        self.global_metrics = Task(dm.task).metrics(dm.num_classes)
-        self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
+        self.engine.setup(dm.clients, dm.task, dm.num_classes, precision_plugin, executor)
 
-    def _check_model(self, dm: FederatedDataModule) -> None:
-        # nets that leave sizes unset (CharLSTM, LogisticRegression) take them from the data first
+    def check_data(self, dm: FederatedDataModule) -> None:
+        """Raise a one-line ``ConfigError`` if the client network does not fit ``dm``'s data (set up): its
+        task, its input shape (a forward pass on two samples) and its number of outputs. Networks that
+        leave sizes unset (CharLSTM, LogisticRegression) take them from the data first."""
         size_to_data(self.client, dm.splits.input_shape, dm.num_classes, dm.splits.vocab_size)
         synthetic = is_synthetic(dm.dataset)  # generated data: the fix is on the data side
         if self.client.task != dm.task:
@@ -579,6 +593,16 @@ class _CallbackListener(RoundListener):
 
     def client_end(self, round: int, index: int, total: int, result: ClientResult | None) -> None:
         self.module._call_federated("on_client_end", round, index, total, result)
+
+
+#: Trainer arguments a federated round cannot honour (:func:`check_trainer_options` refuses them), with the
+#: config field that does their job.
+REFUSED_TRAINER_ARGS: dict[str, str] = {
+    "gradient_clip_val": "model.grad_clip_norm",
+    "gradient_clip_algorithm": "model.grad_clip_norm",
+    "accumulate_grad_batches": "model.local_steps",
+    "max_epochs": "trainer.max_steps",
+}
 
 
 def check_trainer_options(trainer: Any) -> None:

@@ -31,6 +31,7 @@ from fl_lightning.strategies.feddyn import FedDyn
 from fl_lightning.strategies.fedexp import FedExP
 from fl_lightning.strategies.fedgamma import FedGamma
 from fl_lightning.strategies.fedgen import FedGen
+from fl_lightning.strategies.fednova import FedNova
 from fl_lightning.strategies.fedpac import FedPAC
 from fl_lightning.strategies.fedper import FedPer
 from fl_lightning.strategies.fedprox import FedProx
@@ -75,6 +76,7 @@ __all__ = [
     "FedExP",
     "FedGamma",
     "FedGen",
+    "FedNova",
     "FedPAC",
     "FedPer",
     "FedProx",

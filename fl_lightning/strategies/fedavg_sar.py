@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, RoundInfo, Strategy, register_strategy
+from fl_lightning.api import Aggregator, ClientContext, RoundInfo, Strategy, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.robust import unflatten
 from fl_lightning.functional.sparsify import densify, flatten, indicator, random_indices, received_average
@@ -114,7 +114,11 @@ class FedAvgSAR(Strategy):
         return {"sparse": {"values": flat[idx], "seed": _seed_tensor(seed, flat.device)}}
 
     # ------------------------------------------------------------------------------- server side
-    def server_receive(self, upload: Payload) -> Payload:
+    def aggregator(self) -> Aggregator:
+        """The weighted mean (by sample count) of the dense ``M_k w_k`` and ``M_k`` (:meth:`expand`)."""
+        return Aggregator(receive=self.expand)
+
+    def expand(self, upload: Payload) -> Payload:
         """Expand an upload to ``M_k w_k`` and ``M_k`` (dense, server-side only) for the weighted sums."""
         sparse = upload["sparse"]
         values = sparse["values"]

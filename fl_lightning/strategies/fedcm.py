@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import nn
 
-from fl_lightning.api import ClientContext, RoundInfo, Strategy, TensorBuffers, register_strategy
+from fl_lightning.api import Aggregator, ClientContext, RoundInfo, Strategy, TensorBuffers, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import fedcm_directions_, trainable_parameters
 from fl_lightning.functional.tensor import Payload
@@ -89,8 +87,9 @@ class FedCM(Strategy):
         return {**payload, STEPS: {"steps_x_lr": steps_lr}}
 
     # ------------------------------------------------------------------------------ server side
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "uniform" if group == STEPS else super().weighting(group)
+    def aggregator(self) -> Aggregator:
+        """The weights by sample count (FedAvg's), ``K_i eta_t`` uniformly (``mean_S``)."""
+        return Aggregator(weighting={STEPS: "uniform"})
 
     @torch.no_grad()
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:

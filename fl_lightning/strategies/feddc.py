@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import nn
 
-from fl_lightning.api import ClientContext, RoundInfo, TensorBuffers, register_strategy
+from fl_lightning.api import Aggregator, ClientContext, RoundInfo, TensorBuffers, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import (
     add_grads_,
@@ -101,8 +99,9 @@ class FedDC(Scaffold):
         return payload
 
     # ------------------------------------------------------------------------------ server side
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "uniform"
+    def aggregator(self) -> Aggregator:
+        """Every group uniformly over the round's clients (as FedDyn)."""
+        return Aggregator(weighting="uniform")
 
     @torch.no_grad()
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.api import ClientContext, RoundInfo, Strategy, register_strategy
+from fl_lightning.api import Aggregator, ClientContext, RoundInfo, Strategy, register_strategy
 from fl_lightning.errors import check_number
 from fl_lightning.functional.distillation import label_counts
 from fl_lightning.functional.representation import last_linear, linear_layer_names
@@ -148,7 +148,12 @@ class FedGen(Strategy):
         return {**payload, GROUP: {"counts": counts.to(device=device, dtype=torch.float32)}}
 
     # ------------------------------------------------------------------------------ server side
-    def server_receive(self, upload: Payload) -> Payload:
+    def aggregator(self) -> Aggregator:
+        """The weights by sample count (FedAvg's); the label-weighted heads and counts summed uniformly,
+        from each upload as :meth:`ensemble_sums` turns it on the server."""
+        return Aggregator(weighting={GROUP: "uniform"}, receive=self.ensemble_sums)
+
+    def ensemble_sums(self, upload: Payload) -> Payload:
         """Per client: ``n_k^y W_k`` and ``n_k^y b_k`` for every label ``y`` (the ensemble's sums)."""
         group = upload.get(GROUP)
         if group is None:
@@ -163,9 +168,6 @@ class FedGen(Strategy):
             "bias": counts[:, None] * bias[None],
         }
         return {**upload, GROUP: summed}
-
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "uniform" if group == GROUP else super().weighting(group)
 
     def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         """Train the generator against the round's label-weighted ensemble of uploaded heads (eq. 4)."""

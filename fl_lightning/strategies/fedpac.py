@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import BufferedAggregator, ClientContext, Entry, RoundInfo, RunSpec, register_strategy
+from fl_lightning.api import (
+    Aggregator,
+    ClientContext,
+    Entry,
+    RoundInfo,
+    RunSpec,
+    register_strategy,
+    weighted_mean,
+)
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.prototypes import (
     alignment_loss,
@@ -123,8 +131,10 @@ class FedPAC(FedRep):
         self.register_buffer("combined", torch.zeros(num_clients, size))
         self.register_buffer("has_combined", torch.zeros(num_clients, dtype=torch.bool))
 
-    def aggregator(self) -> BufferedAggregator:
-        return _Collaboration(self)
+    def aggregator(self) -> Aggregator:
+        """Every upload kept for :meth:`round_aggregate`; the bodies weighted by sample count, the rest
+        uniformly."""
+        return Aggregator(weighting={"weights": "samples", "*": "uniform"}, reduce=self.round_aggregate)
 
     # ---------------------------------------------------------------------------- server -> client
     def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
@@ -196,9 +206,6 @@ class FedPAC(FedRep):
         return total[0], total[1], total[2]
 
     # ------------------------------------------------------------------------------- server side
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "samples" if group == "weights" else "uniform"
-
     @torch.no_grad()
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         super().server_update(model, means, info)
@@ -226,22 +233,10 @@ class FedPAC(FedRep):
             offset += t.numel()
         return out
 
-    def extra_repr(self) -> str:
-        return (
-            f"head={self.head}, lam={self.lam}, head_epochs={self.head_epochs}, "
-            f"body_epochs={self.body_epochs}, collaborate={self.collaborate}, server_lr={self.server_lr}"
-        )
-
-
-class _Collaboration(BufferedAggregator):
-    """FedPAC's round aggregate: the weighted mean of the bodies, the global prototypes, combined heads."""
-
-    def __init__(self, fedpac: FedPAC) -> None:
-        super().__init__(fedpac)
-        self.fedpac = fedpac  # ``strategy`` may be rebound to a wrapper around it
-
-    def reduce(self, entries: list[Entry]) -> Payload:
-        means = super().reduce([(c, {"weights": p["weights"]}, w) for c, p, w in entries if "weights" in p])
+    def round_aggregate(self, entries: list[Entry]) -> Payload:
+        """The round's aggregate: the weighted mean of the bodies, the global prototypes, the combined
+        heads."""
+        means = weighted_mean([(c, {"weights": p["weights"]}, w) for c, p, w in entries if "weights" in p])
         ids = [c for c, p, _ in entries if STATS in p]
         if not ids:
             return means
@@ -250,12 +245,11 @@ class _Collaboration(BufferedAggregator):
             torch.stack([s["prototypes"] for s in stats]), torch.stack([s["counts"] for s in stats])
         )
         means[PROTOS] = {"prototypes": protos, "counts": total}
-        fedpac = self.fedpac
-        if not fedpac.collaborate:
+        if not self.collaborate:
             return means
         heads = torch.stack(
             [
-                torch.cat([p[HEAD][n].reshape(-1).float() for n in fedpac._head_names])
+                torch.cat([p[HEAD][n].reshape(-1).float() for n in self._head_names])
                 for _, p, _ in entries
                 if STATS in p
             ]
@@ -263,6 +257,12 @@ class _Collaboration(BufferedAggregator):
         weights = combination_weights(
             torch.stack([s["h"] for s in stats]), torch.stack([s["v"].reshape(()) for s in stats])
         )
-        fedpac.last_weights = (ids, weights)
+        self.last_weights = (ids, weights)
         means["fedpac_combined"] = {str(c): head for c, head in zip(ids, combine_heads(weights, heads))}
         return means
+
+    def extra_repr(self) -> str:
+        return (
+            f"head={self.head}, lam={self.lam}, head_epochs={self.head_epochs}, "
+            f"body_epochs={self.body_epochs}, collaborate={self.collaborate}, server_lr={self.server_lr}"
+        )

@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, RoundInfo, TensorBuffers, register_strategy
+from fl_lightning.api import ClientContext, RoundInfo, TensorBuffers, Vectorizable, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.sharpness import Grads, sam_offsets
@@ -71,8 +71,7 @@ class FedSMOO(SharpnessAware, FedDyn):
     """
 
     name = "fedsmoo"
-    vectorizable = True  # per-client norms through ctx.stacked; mu_i lives in ctx.state
-    vector_scratch = (LAST,)
+    vectorizable = Vectorizable(scratch=(LAST,))  # per-client norms through ctx.stacked; mu_i in ctx.state
 
     def __init__(
         self,
@@ -160,9 +159,6 @@ class FedSMOO(SharpnessAware, FedDyn):
         return up
 
     # ---------------------------------------------------------------------------------- server side
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "uniform" if group == GROUP else super().weighting(group)
-
     @torch.no_grad()
     def on_after_server_step(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:
         super().on_after_server_step(model, means, info)

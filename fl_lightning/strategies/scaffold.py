@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import nn
 
-from fl_lightning.api import ClientContext, RoundInfo, Strategy, TensorBuffers, register_strategy
+from fl_lightning.api import (
+    Aggregator,
+    ClientContext,
+    RoundInfo,
+    Strategy,
+    TensorBuffers,
+    Vectorizable,
+    register_strategy,
+)
 from fl_lightning.functional.corrections import (
     add_grads_,
     fill_missing,
@@ -71,8 +77,7 @@ class Scaffold(Strategy):
     """
 
     name = "scaffold"
-    vectorizable = True  # c - c_i and the raw-gradient sum are elementwise
-    vector_scratch = (GRAD_SUM, GRAD_STEPS)
+    vectorizable = Vectorizable(scratch=(GRAD_SUM, GRAD_STEPS))  # c - c_i, the raw-gradient sum: elementwise
 
     def setup(self, model: nn.Module, num_clients: int) -> None:
         super().setup(model, num_clients)
@@ -138,8 +143,9 @@ class Scaffold(Strategy):
         return {**payload, "control": delta}
 
     # ------------------------------------------------------------------------------ server side
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "uniform" if group == "control" else super().weighting(group)
+    def aggregator(self) -> Aggregator:
+        """``x`` weighted by sample count (FedAvg's), the variates' ``Delta c_i`` uniformly (line 17)."""
+        return Aggregator(weighting={"control": "uniform"})
 
     @torch.no_grad()
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, RoundInfo, register_strategy
+from fl_lightning.api import Aggregator, ClientContext, RoundInfo, register_strategy
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.cp import cp_als, cp_reconstruct
 from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient
@@ -148,21 +148,21 @@ class TDPFed(MoreauEnvelope):
             optimizer.step()
 
     # ------------------------------------------------------------------------------- server side
-    def server_receive(self, upload: Payload) -> Payload:
+    def aggregator(self) -> Aggregator:
+        """AFM: the factors averaged uniformly (``|B_k|``, ``afm_weights="batch"``) or by ``|D_k|``; ACT: by
+        ``|D_k|``, with the composed tensors of each upload (:meth:`compose`)."""
+        if self.aggregation == "act":
+            return Aggregator(receive=self.compose)
+        return Aggregator(weighting="uniform" if self.afm_weights == "batch" else "samples")
+
+    def compose(self, upload: Payload) -> Payload:
         """ACT: add the composed tensors ``[[A_k]]`` of the uploaded factors (server-side, not sent)."""
-        if self.aggregation != "act":
-            return upload
         weights = upload["weights"]
         composed = {
             f"{name}.{DENSE}": cp_reconstruct([weights[f"{name}.factors.{i}"] for i in range(n)])
             for name, n in self._layers.items()
         }
         return {**upload, "composed": composed}
-
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        if self.aggregation == "afm" and self.afm_weights == "batch":
-            return "uniform"
-        return "samples"
 
     @torch.no_grad()
     def server_update(self, model: nn.Module, means: Payload, info: RoundInfo) -> None:

@@ -97,7 +97,7 @@ def expect(sweep: Sweep, runs: list[Run], extra: list[str], build: bool = True) 
 
 def resolver(root: Path) -> Callable[[list[str], bool], dict[str, Any]]:
     """``fit``'s parser, built once, as a function of a run's arguments (relative paths from ``root``)."""
-    from fl_lightning.cli import resolver as fit_resolver
+    from fl_lightning.config import resolver as fit_resolver
 
     with _in_folder(root):
         resolve = fit_resolver()

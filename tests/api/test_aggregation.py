@@ -1,20 +1,19 @@
-"""Aggregators and the server-side strategy hooks: selection, upload/aggregate post-processing."""
+"""The aggregator a strategy configures (weighting, receive, reduce) and the server-side strategy hooks:
+selection, upload/aggregate post-processing."""
 
 import pytest
 import torch
 
-from fl_lightning.api.aggregation import Aggregator, BufferedAggregator, StreamingMean
+from fl_lightning.api.aggregation import Aggregator, weighted_mean
 from fl_lightning.api.strategy import StrategyWrapper
 from fl_lightning.functional import payload_bytes
 from fl_lightning.functional.sampling import sample_clients
-from fl_lightning.strategies import FedAvg
+from fl_lightning.strategies import DP, FedAvg, Median, Scaffold
 
 from conftest import global_weights, make_engine, make_module
 
-
-class Mixed(FedAvg):
-    def weighting(self, group):
-        return "uniform" if group == "control" else "samples"
+#: The two kinds of aggregator: streaming weighted sums, and every upload kept for a reduction.
+KINDS = {"streaming": {}, "buffered": {"reduce": weighted_mean}}
 
 
 def _uploads():
@@ -26,9 +25,10 @@ def _uploads():
     ]
 
 
-@pytest.mark.parametrize("cls", [StreamingMean, BufferedAggregator, Aggregator])
-def test_weighted_mean_by_hand(cls):
-    agg = cls(Mixed())
+@pytest.mark.parametrize("kind", KINDS)
+def test_weighted_mean_by_hand(kind):
+    agg = Aggregator(weighting={"control": "uniform"}, **KINDS[kind])
+    assert agg.buffered == (kind == "buffered")
     for cid, up, n in _uploads():
         agg.add(up, n, cid)
     means = agg.means()
@@ -39,9 +39,46 @@ def test_weighted_mean_by_hand(cls):
     assert agg.weight_totals == {"weights": 8.0, "control": 3.0}
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_weighting_rule_per_group_with_a_default_and_a_rule_of_the_upload(kind):
+    """``"*"`` is the rule of the groups not named; a function weighs an upload by what it carries."""
+    rule = lambda upload, n: n / float(upload["control"]["c"] + 1)  # noqa: E731
+    agg = Aggregator(weighting={"weights": rule, "*": "uniform"}, **KINDS[kind])
+    for cid, up, n in _uploads():
+        agg.add(up, n, cid)
+    # weights: 3/2, 1/6, 4/1 -> (1.5*[1,2] + [5,6]/6 + 4*[0,-4]) / (1.5 + 1/6 + 4)
+    total = 1.5 + 1 / 6 + 4
+    expected = 1.5 * torch.tensor([1.0, 2.0]) + torch.tensor([5.0, 6.0]) / 6 + 4 * torch.tensor([0.0, -4.0])
+    assert torch.allclose(agg.means()["weights"]["w"], expected / total)
+    assert agg.weight_totals == pytest.approx({"weights": total, "control": 3.0})
+    with pytest.raises(ValueError, match="weighting of 'control'"):
+        Aggregator(weighting={"control": "by size"})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_add_applies_the_receive_transform_before_weighting(kind):
+    """What a client sent becomes what is averaged in ``add`` itself, for either kind of aggregator: a
+    group the transform adds is averaged, and the weights see the transformed upload."""
+
+    def receive(upload):
+        w = upload["weights"]["w"]
+        return {"weights": {"w": 2 * w}, "square": {"w": w * w}}
+
+    agg = Aggregator(
+        weighting={"square": lambda up, n: float(up["square"]["w"][0])}, receive=receive, **KINDS[kind]
+    )
+    agg.add({"weights": {"w": torch.tensor([1.0, 3.0])}}, 1, 0)
+    agg.add({"weights": {"w": torch.tensor([2.0, 5.0])}}, 3, 1)
+    means = agg.means()
+    assert means["weights"]["w"].tolist() == [(2 * 1 + 3 * 4) / 4, (6 + 3 * 10) / 4]  # 2w, by samples
+    # square weighted by its own first entry: (1 * [1, 9] + 4 * [4, 25]) / 5
+    assert means["square"]["w"].tolist() == pytest.approx([17 / 5, 109 / 5])
+    assert agg.weight_totals == {"weights": 4.0, "square": 5.0}
+
+
 def test_buffered_mean_equals_streaming_mean_on_random_uploads():
     g = torch.Generator().manual_seed(0)
-    stream, buffered = StreamingMean(FedAvg()), BufferedAggregator(FedAvg())
+    stream, buffered = Aggregator(), Aggregator(reduce=weighted_mean)
     for cid in (5, 1, 3, 0, 9):
         up = {"weights": {"a": torch.randn(4, 3, generator=g), "b": torch.randn(7, generator=g)}}
         n = int(torch.randint(1, 50, (1,), generator=g))
@@ -52,38 +89,46 @@ def test_buffered_mean_equals_streaming_mean_on_random_uploads():
     assert stream.weight_totals == buffered.weight_totals
 
 
-class Median(BufferedAggregator):
-    def reduce(self, entries):
-        self.order = [cid for cid, _, _ in entries]
+def _median(order):
+    def reduce(entries):
+        order.extend(cid for cid, _, _ in entries)
         stacked = torch.stack([up["weights"]["w"] for _, up, _ in entries])
         return {"weights": {"w": stacked.median(dim=0).values}}
 
+    return reduce
+
 
 def test_buffered_reduce_sees_every_upload_in_client_order_and_keeps_copies():
-    agg = Median(FedAvg())
+    order: list[int] = []
+    agg = Aggregator(reduce=_median(order))
     ups = _uploads()
     for cid, up, n in ups:
         agg.add(up, n, cid)
     ups[0][1]["weights"]["w"].fill_(100.0)  # the worker's tensors are reused: the buffer holds copies
     means = agg.means()
-    assert agg.order == [2, 4, 7]
+    assert order == [2, 4, 7]
     assert means["weights"]["w"].tolist() == [1.0, 2.0]  # coordinate-wise median of [1,5,0] and [2,6,-4]
 
 
-def test_the_strategy_chooses_the_aggregator_and_a_wrapper_binds_it_to_itself():
-    assert type(FedAvg().aggregator()) is StreamingMean
-
-    class Buffered(FedAvg):
-        def aggregator(self):
-            return Median(self)
+def test_the_strategy_declares_its_aggregator_and_a_plugin_builds_on_its_base():
+    plain = FedAvg().aggregator()
+    assert plain.weighting == {"*": "samples"} and plain.receive is None and not plain.buffered
+    scaffold = Scaffold().aggregator()
+    assert scaffold.weight("control", {}, 5) == 1.0 and scaffold.weight("weights", {}, 5) == 5.0
+    # DP: the base's weighting, with the weights (and its own group) uniform
+    dp = DP(Scaffold(), noise_multiplier=0.0).aggregator()
+    assert dp.weight("weights", {}, 5) == 1.0 and dp.weight("control", {}, 5) == 1.0
+    assert DP(FedAvg(), noise_multiplier=0.0).aggregator().weight("other", {}, 5) == 5.0
+    # a robust plug-in: the base's weighting and receive, its own reduction
+    median = Median(Scaffold())
+    agg = median.aggregator()
+    assert agg.buffered and agg.reduce == median.robust_aggregate and agg.weighting == scaffold.weighting
 
     class Doubling(StrategyWrapper):
-        def server_receive(self, upload):
-            return {g: {n: 2 * t for n, t in ts.items()} for g, ts in upload.items()}
+        def aggregator(self):
+            return super().aggregator().replace(receive=lambda up: {"weights": {"w": 2 * up["weights"]["w"]}})
 
-    wrapper = Doubling(Buffered())
-    agg = wrapper.aggregator()
-    assert isinstance(agg, Median) and agg.strategy is wrapper
+    agg = Doubling(FedAvg()).aggregator()
     agg.add({"weights": {"w": torch.tensor([1.0])}}, 1, 0)
     assert agg.means()["weights"]["w"].item() == 2.0
 
@@ -91,7 +136,7 @@ def test_the_strategy_chooses_the_aggregator_and_a_wrapper_binds_it_to_itself():
 def test_a_buffered_aggregator_trains_like_the_streaming_mean(fit):
     class Buffered(FedAvg):
         def aggregator(self):
-            return BufferedAggregator(self)
+            return Aggregator(reduce=weighted_mean)
 
     a, b = make_module(FedAvg(), clients_per_round=3), make_module(Buffered(), clients_per_round=3)
     fit(a, rounds=2)

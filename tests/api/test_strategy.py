@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from sklearn.metrics import accuracy_score
 from torch import nn
 
-from fl_lightning.api.strategy import PERSONAL, Strategy, StrategyWrapper
-from fl_lightning.strategies import FedAvg
+from fl_lightning.api.strategy import HOOKS, PERSONAL, STRATEGIES, Strategy, StrategyWrapper
+from fl_lightning.errors import ConfigError
+from fl_lightning.strategies import FedAvg, Scaffold
 
 from conftest import global_weights, make_data, make_module
 
@@ -121,10 +122,45 @@ def _recording_strategy(hooks: list[str]) -> Strategy:
     return base
 
 
-def test_the_hook_list_covers_the_server_side_api():
-    assert {"select_clients", "aggregator", "process_upload", "process_aggregate", "shared_names"} <= set(
-        _hooks()
-    )
+def test_the_hook_list_is_every_public_method_of_strategy():
+    assert sorted(HOOKS) == _hooks()
+    assert {"select_clients", "aggregator", "process_upload", "process_aggregate"} <= set(HOOKS)
+    for gone in ("shared_names", "server_receive", "weighting", "cannot_vectorize", "vector_scratch"):
+        assert not hasattr(Strategy, gone)  # one aggregation declaration, one vectorisation declaration
+
+
+def test_every_hook_is_overridden_by_a_registered_strategy():
+    """A hook no strategy needs goes: each one is overridden by some registered strategy (its docstring
+    names them)."""
+    for name in HOOKS:
+        users = [
+            cls.__name__
+            for cls in STRATEGIES.values()
+            if getattr(cls, name)
+            is not getattr(StrategyWrapper if issubclass(cls, StrategyWrapper) else Strategy, name)
+        ]
+        assert users, f"no registered strategy overrides Strategy.{name}"
+
+
+def test_the_wrapper_forwarding_is_made_from_the_hook_list_and_keeps_each_signature():
+    for name in HOOKS:
+        forward, hook = getattr(StrategyWrapper, name), getattr(Strategy, name)
+        assert inspect.signature(forward) == inspect.signature(hook)
+        assert forward.__doc__ == hook.__doc__ or name == "setup"
+
+
+def test_a_wrapper_checkpoints_its_base_state():
+    model = nn.Linear(2, 1)
+    base = Scaffold()
+    wrapper = StrategyWrapper(base)
+    wrapper.setup(model, 3)
+    assert wrapper.num_clients == 3 and base.num_clients == 3
+    state = wrapper.state_dict()
+    assert set(state) == {f"base.{k}" for k in base.state_dict()} and state
+    other = StrategyWrapper(Scaffold())
+    other.setup(model, 3)
+    other.load_state_dict({k: v + 1 for k, v in state.items()})
+    assert all(torch.equal(other.base.state_dict()[k], v + 1) for k, v in base.state_dict().items())
 
 
 @pytest.mark.parametrize("name", _hooks())
@@ -140,3 +176,94 @@ def test_strategy_wrapper_forwards_every_hook(name):
     assert seen == args  # the base got the wrapper's arguments, in order
     if signature.return_annotation != "None":
         assert out is result  # and its result comes back
+
+
+# ------------------------------------------------------------------------------ user strategies by name
+USER_MODULE = """
+from fl_lightning.api import Strategy, register_strategy
+
+
+@register_strategy
+class UserProx(Strategy):
+    name = "user_prox"
+
+    def __init__(self, mu: float = 0.01, server_lr: float = 1.0) -> None:
+        super().__init__(server_lr=server_lr)
+        self.mu = mu
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A module outside the package that registers ``UserProx`` (on the path, not imported yet); the
+    registry and the class are gone again after the test."""
+    import gc
+    import sys
+
+    import fl_lightning.api.strategy as strategy_module
+
+    (tmp_path / "my_user_strategies.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(strategy_module, "STRATEGIES", dict(strategy_module.STRATEGIES))
+    yield "my_user_strategies"
+    sys.modules.pop("my_user_strategies", None)
+    gc.collect()  # Strategy.__subclasses__() forgets UserProx
+
+
+def _print_config(args, capsys):
+    from fl_lightning.__main__ import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", *args, "--print_config"])
+    out, err = capsys.readouterr()
+    return exit.value.code, out, err
+
+
+def test_a_user_strategy_is_named_by_its_class_name_once_its_module_is_imported(user_module, capsys):
+    import importlib
+
+    from fl_lightning.api.strategy import get_strategy, list_strategies
+
+    # never imported: one error line naming the class-path form
+    code, _, err = _print_config(["--model.strategy=UserProx"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "'UserProx' is not a known strategy" in err
+    assert "--model.strategy=my_package.my_module.UserProx" in err
+    with pytest.raises(ConfigError, match="named by its class path, e.g. my_package.my_module.MyProx"):
+        get_strategy("UserProx")
+    # imported before the command line parses (or once by its class path): its class name resolves
+    importlib.import_module(user_module)
+    code, out, _ = _print_config(["--model.strategy=UserProx", "--model.strategy.mu=0.5"], capsys)
+    assert code == 0 and "class_path: my_user_strategies.UserProx" in out and "mu: 0.5" in out
+    assert "UserProx" in list_strategies() and get_strategy("userprox", mu=0.2).mu == 0.2
+    assert type(get_strategy("my_user_strategies.UserProx")).__name__ == "UserProx"  # by class path too
+
+
+# ------------------------------------------------------------------------------ the vectorisation declaration
+def test_vectorisation_is_one_declaration_per_class_read_along_the_wrapper_chain():
+    from fl_lightning.api.strategy import Vectorizable, cannot_vectorize, vector_scratch
+    from fl_lightning.strategies import FedCOG, FedDC, FedGamma, FedNova, FedPer, FedSMOO, Median
+
+    net = nn.Linear(2, 1)
+
+    class Inherits(Scaffold):  # adds nothing, but must say so itself
+        pass
+
+    class Declares(Scaffold):
+        vectorizable = Vectorizable(scratch=("mine",))
+
+    class Refuses(StrategyWrapper):
+        vectorizable = Vectorizable(unless=lambda strategy, module: "not today")
+
+    assert cannot_vectorize(Scaffold(), net) is None
+    assert cannot_vectorize(Inherits(), net) == "Inherits does not declare vectorizable local terms"
+    assert cannot_vectorize(Median(Inherits()), net) == "Inherits does not declare vectorizable local terms"
+    assert cannot_vectorize(Refuses(Scaffold()), net) == "not today"
+    assert "FedCOG generates" in cannot_vectorize(FedCOG(FedAvg()), net)
+    assert cannot_vectorize(FedPer(), net) == "FedPer does not declare vectorizable local terms"
+    # scratch keys: a class's own and its parents' (their uploads read them), and the wrapped strategies'
+    grad_sum = ("scaffold/grad_sum", "scaffold/grad_steps")
+    assert vector_scratch(Scaffold()) == vector_scratch(FedDC()) == vector_scratch(FedGamma()) == grad_sum
+    assert vector_scratch(Declares()) == (*grad_sum, "mine")
+    assert vector_scratch(Median(FedSMOO())) == ("fedsmoo/last_offsets",)
+    assert vector_scratch(FedNova()) == ("fednova/steps", "fednova/momentum")

@@ -75,3 +75,33 @@ def test_the_machine_names_torch_the_device_its_kernels_and_threads(monkeypatch)
     assert gpu == {"torch": torch.__version__, "device": "cuda", "gpu": "NVIDIA H100", "threads": 2}
     assert machine_text({**gpu, "threads": 1}) == f"torch {torch.__version__}, cuda (NVIDIA H100), 1 thread"
     assert machine_text(None) == machine_text({}) == ""  # a run from before the field
+
+
+def test_the_machine_names_the_precision_that_ran_unless_full(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    mixed = machine_info(torch.device("cpu"), "bf16-mixed")
+    assert mixed["precision"] == "bf16-mixed"
+    where = f"torch {torch.__version__}, cpu (AVX2 kernels), 1 thread"
+    assert machine_text(mixed) == f"{where}, bf16-mixed precision"
+    assert machine_text(machine_info(torch.device("cpu"), "32-true")) == where  # as the stored tables
+
+
+def test_16_mixed_asked_on_a_cpu_is_summarised_as_the_bf16_that_ran(tmp_path, caplog):
+    from fl_lightning.lightning import federated_trainer
+    from fl_lightning.runs import read_summary
+
+    from conftest import make_data, make_module
+
+    trainer = federated_trainer(
+        max_steps=1,
+        default_root_dir=tmp_path,
+        precision="16-mixed",
+        accelerator="cpu",
+        enable_progress_bar=False,
+    )
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        trainer.fit(make_module(), datamodule=make_data())
+    summary = read_summary(tmp_path / "lightning_logs" / "version_0")
+    assert summary["machine"]["precision"] == "bf16-mixed"
+    assert "1 thread, bf16-mixed precision" in caplog.text  # the summary's machine line

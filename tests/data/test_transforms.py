@@ -246,7 +246,7 @@ def test_strategies_read_the_clients_labels_as_it_sees_them():
     strategy = FedGen()
     module = make_module(strategy).client
     strategy.setup(module, num_clients=2)
-    ctx = ClientContext(1, 0, {"weights": {}}, {}, c.num_samples, 1, 0.1, strategy, data=c)
+    ctx = ClientContext(1, 0, {"weights": {}}, {}, c.num_samples, 1, 0.1, data=c)
     counts = strategy.upload(module, ctx)["fedgen"]["counts"]
     expected = torch.bincount(c.train_labels(), minlength=10).float()
     assert torch.equal(counts.cpu(), expected)

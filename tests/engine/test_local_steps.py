@@ -107,7 +107,7 @@ def test_local_steps_yield_each_step_and_run_the_module_hook():
     config = LocalConfig(batch_size=8, local_steps=4, seed=0)
     strategy = FedAvg()
     strategy.setup(worker, 2)
-    ctx = ClientContext(0, 3, {}, {}, data.num_samples, 4, 0.0, strategy)
+    ctx = ClientContext(0, 3, {}, {}, data.num_samples, 4, 0.0)
     optimizer = local_optimizer(worker, strategy, ctx, LocalConfig(batch_size=8, local_steps=4, lr_decay=0.5))
     assert ctx.lr == pytest.approx(0.1 * 0.5**3) == optimizer.param_groups[0]["lr"]
     before = [p.detach().clone() for p in worker.parameters()]

@@ -170,11 +170,7 @@ def test_failures_stop_the_run_at_once_when_not_tolerated(fit):
 
 
 def test_aggregator_weights_by_samples_or_uniformly():
-    class Mixed(FedAvg):
-        def weighting(self, group):
-            return "uniform" if group == "control" else "samples"
-
-    agg = Aggregator(Mixed())
+    agg = Aggregator(weighting={"control": "uniform"})
     agg.add({"weights": {"w": torch.tensor([1.0])}, "control": {"c": torch.tensor([1.0])}}, num_samples=3)
     agg.add({"weights": {"w": torch.tensor([5.0])}, "control": {"c": torch.tensor([5.0])}}, num_samples=1)
     means = agg.means()

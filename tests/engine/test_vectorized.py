@@ -50,6 +50,7 @@ STRATEGIES = {
     "MoFedSAM": {"rho": 0.05, "alpha": 0.1, "clip_norm": 1.0},
     "FedSpeed": {"beta": 10.0, "rho": 0.05, "sam_weight": 0.5, "clip_norm": 1.0},
     "FedGamma": {"rho": 0.05, "clip_norm": 1.0},
+    "FedNova": {"mu": 0.1},
 }
 #: Plug-ins that vectorise, each around a strategy: ``(factory, net)``.
 PLUGINS = {

@@ -6,7 +6,10 @@ Ray's start and its worker processes' imports take most of the time (~25-50 s pe
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +21,16 @@ from flower_helpers import RECIPE, SCAFFOLD, fit_weights, max_diff
 from flwr.simulation import run_simulation
 
 from fl_lightning.flower import client_app, server_app
+
+#: Notices the simulation command printed that were not the user's to act on (Flower's and jsonargparse's
+#: deprecations, Ray's future change, Lightning's seed line from every process that builds the run).
+NOTICES = [
+    "run_simulation` function is deprecated",
+    "skip_none parameter was deprecated",
+    "Tip: In future versions of Ray",
+    "Seed set to",
+    "LightningCLI's args parameter",
+]
 
 #: One CPU per virtual client, as many SuperNodes as fl_lightning clients (the recipe has 4).
 BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}}
@@ -50,3 +63,15 @@ def _simulate(overrides, tmp_path, keep) -> None:
         num_supernodes=4,
         backend_config=BACKEND,
     )
+
+
+@pytest.mark.slow
+def test_the_simulation_command_prints_the_run_and_no_notices(tmp_path):
+    root = RECIPE.parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "fl_lightning.flower", "--config", str(RECIPE), "--trainer.max_steps=1"]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    printed = proc.stdout + proc.stderr
+    assert "fl_lightning summary" in proc.stdout and (tmp_path / "lightning_logs" / "version_0").is_dir()
+    assert [n for n in NOTICES if n in printed] == []

@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.api.aggregation import Aggregator
 from fl_lightning.api.client import ClientModule
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.decomposition import cross_term_expansion, reconstruct_filters
@@ -174,7 +173,7 @@ def test_server_averages_factors_so_the_filter_is_the_product_of_averages():
     sizes = [10, 30, 60]
     clients = [{n: t + 0.3 * torch.randn_like(t) for n, t in model.state_dict().items()} for _ in sizes]
     strategy = FedAvg()
-    agg = Aggregator(strategy)
+    agg = strategy.aggregator()
     for local, n in zip(clients, sizes):
         agg.add({"weights": local}, n)
     opt = strategy.configure_server_optimizer(list(model.parameters()))

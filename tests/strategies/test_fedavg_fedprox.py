@@ -8,6 +8,7 @@ from fl_lightning import strategies
 from fl_lightning.api.strategy import PERSONAL
 from fl_lightning.api.types import ClientContext
 from fl_lightning.errors import ConfigError
+from fl_lightning.functional.tensor import shared_state
 from fl_lightning.strategies import STRATEGIES, FedAvg, FedProx, RoundInfo, get_strategy, list_strategies
 
 from conftest import global_weights, make_data, make_module
@@ -36,7 +37,7 @@ def test_fedprox_local_term_gradient_is_mu_times_distance():
     lin = nn.Linear(3, 1, bias=False)
     ref = {"weight": torch.zeros(1, 3)}
     strategy = FedProx(mu=0.5)
-    ctx = ClientContext(0, 0, {"weights": ref}, {}, 1, 1, 0.1, strategy)
+    ctx = ClientContext(0, 0, {"weights": ref}, {}, 1, 1, 0.1)
     strategy.local_loss(lin, ctx, None, None).backward()
     assert torch.allclose(lin.weight.grad, 0.5 * lin.weight.detach())
 
@@ -101,7 +102,7 @@ def test_every_registered_strategy_trains(name, fit):
     end = global_weights(module)
     assert trainer.global_step == 2
     assert all(torch.isfinite(v).all() for v in end.values())
-    if module.strategy.shared_names(module.client):
+    if shared_state(module.client, exclude=module.strategy.personal_names(module.client)):
         assert any(not torch.equal(start[k], end[k]) for k in start)
     else:  # nothing communicated (local-only training): the clients' own models trained instead
         assert all(torch.equal(start[k], end[k]) for k in start)

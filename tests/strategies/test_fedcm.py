@@ -58,7 +58,8 @@ def test_server_direction_by_hand():
     opt.step()
     torch.testing.assert_close(strategy.momentum["weight"], torch.tensor([[-4.0]]))
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[2.0]]))
-    assert strategy.weighting("fedcm") == "uniform" and strategy.weighting("weights") == "samples"
+    agg = strategy.aggregator()  # K eta uniformly, the weights by sample count
+    assert agg.weight("fedcm", {}, 7) == 1.0 and agg.weight("weights", {}, 7) == 7.0
 
 
 def test_fedcm_sends_two_models_down_and_one_up(fit):

@@ -55,7 +55,7 @@ def test_server_step_by_hand():
     torch.testing.assert_close(strategy.drift["weight"], torch.tensor([[1.75]]))  # H + 6/4
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[4.75]]))  # mean theta + H
     torch.testing.assert_close(strategy.control["weight"], torch.tensor([[1.0]]))  # c + 2/4 * 2
-    assert all(strategy.weighting(g) == "uniform" for g in ("weights", "control"))
+    assert all(strategy.aggregator().weight(g, {}, 7) == 1.0 for g in ("weights", "control"))  # uniform
 
 
 def test_server_drift_is_the_mean_of_all_client_drifts(fit):

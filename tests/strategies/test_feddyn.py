@@ -51,7 +51,7 @@ def test_server_step_by_hand_divides_the_dual_by_all_clients():
     # h = 0 - 0.5/4 * (2 + 4) = -0.75;  w^1 = 3 - h/alpha = 3 + 1.5 = 4.5  (= w^0 + mean + sum/m, spec P6)
     torch.testing.assert_close(strategy.h["weight"], torch.tensor([[-0.75]]))
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[4.5]]))
-    assert strategy.weighting("weights") == "uniform"
+    assert strategy.aggregator().weight("weights", {}, 7) == 1.0  # uniform
 
 
 def test_server_dual_is_the_mean_of_all_client_duals(fit):

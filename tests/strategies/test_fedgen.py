@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.api.aggregation import StreamingMean
 from fl_lightning.api.types import ClientContext, RoundInfo
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError
@@ -43,7 +42,7 @@ def test_generator_samples_are_classified_as_their_label_by_the_ensemble_after_s
     module, strategy = _setup(gen_steps=300, gen_lr=1e-2)
     w_name, b_name = f"{strategy.head}.weight", f"{strategy.head}.bias"
     g = torch.Generator().manual_seed(0)
-    agg = StreamingMean(strategy)
+    agg = strategy.aggregator()
     counts = (torch.arange(C, dtype=torch.float32), torch.flip(torch.arange(C, dtype=torch.float32), [0]) + 1)
     for n in counts:  # two clients with different heads and label counts
         weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -70,7 +69,7 @@ def test_client_loss_is_alpha_times_ce_of_its_head_on_generated_latents():
     prior = torch.zeros(C)
     prior[:2] = 0.5
     strategy.prior.copy_(prior)
-    ctx = ClientContext(0, 1, strategy.message(module, 0, 1), {}, 8, 1, 0.1, strategy)
+    ctx = ClientContext(0, 1, strategy.message(module, 0, 1), {}, 8, 1, 0.1)
     x = torch.randn(16, 1, 8, 8)
     torch.manual_seed(3)
     loss = strategy.local_loss(module, ctx, (x, torch.zeros(16, dtype=torch.long)), None)
@@ -86,7 +85,7 @@ def test_client_loss_is_alpha_times_ce_of_its_head_on_generated_latents():
 
 def test_no_term_before_the_generator_was_trained():
     module, strategy = _setup()
-    ctx = ClientContext(0, 0, strategy.message(module, 0, 0), {}, 8, 1, 0.1, strategy)
+    ctx = ClientContext(0, 0, strategy.message(module, 0, 0), {}, 8, 1, 0.1)
     assert strategy.local_loss(module, ctx, (torch.randn(4, 1, 8, 8), torch.zeros(4).long()), None) is None
 
 
@@ -94,7 +93,7 @@ def test_upload_carries_the_label_counts():
     module, strategy = _setup()
     y = torch.tensor([0, 0, 1, 3, 3, 3])
     data = ClientData(0, torch.zeros(6, 1, 8, 8), y, torch.arange(6), torch.zeros(0, dtype=torch.long))
-    ctx = ClientContext(0, 0, {"weights": {}}, {}, 6, 1, 0.1, strategy, data=data)
+    ctx = ClientContext(0, 0, {"weights": {}}, {}, 6, 1, 0.1, data=data)
     counts = strategy.upload(module, ctx)["fedgen"]["counts"]
     assert counts.tolist() == [2.0, 1.0, 0.0, 3.0] + [0.0] * 6
 

@@ -30,7 +30,7 @@ def test_bad_values_are_one_line_config_errors(kw, field):
 def _client(strategy):
     module = make_module(strategy).client
     glob = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    ctx = ClientContext(0, 0, {"weights": glob}, {}, 32, 2, 0.1, strategy)
+    ctx = ClientContext(0, 0, {"weights": glob}, {}, 32, 2, 0.1)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)
     return module, glob, ctx, x, y

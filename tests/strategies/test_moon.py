@@ -97,7 +97,7 @@ def test_tap_gives_the_features_of_the_training_forward(monkeypatch):
     monkeypatch.setattr(FeatureTap, "_hook", lambda self, *args: calls.append(1) or hook(self, *args))
     module = make_module(MOON())
     worker = module.client
-    ctx = ClientContext(0, 0, {}, {}, 1, 1, 0.1, MOON())
+    ctx = ClientContext(0, 0, {}, {}, 1, 1, 0.1)
     x = torch.randn(5, 1, 8, 8)
     tap = FeatureTap(worker, ctx.scratch, "tap")
     assert ctx.scratch["tap"] is tap

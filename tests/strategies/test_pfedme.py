@@ -28,7 +28,7 @@ def test_local_update_is_w_minus_eta_lambda_w_minus_theta():
     strategy = PFedMe(lam=15.0, personal_lr=0.1, personal_steps=3)
     strategy.setup(model, 1)
     worker = copy.deepcopy(model)
-    ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.0, strategy)
+    ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.0)
     strategy.on_client_start(worker, ctx)
     opt = strategy.configure_client_optimizer(worker, ctx)
     ctx.lr = opt.param_groups[0]["lr"]
@@ -49,7 +49,7 @@ def test_server_mixes_with_beta_weighted_by_data_size():
     a = {n: t + 1.0 for n, t in w.items()}
     b = {n: t - 1.0 for n, t in w.items()}
     means = {"weights": {n: (3 * a[n] + b[n]) / 4 for n in w}}  # the loop's sample weighting
-    assert strategy.weighting("weights") == "samples"
+    assert strategy.aggregator().weight("weights", {}, 7) == 7.0  # by sample count
     strategy.server_update(model, means, RoundInfo(0, [0, 1], [0, 1], 2))
     opt.step()
     for n, t in shared_state(model).items():  # (1 - beta) w + beta * mean = w + 2 * 0.5

@@ -91,7 +91,8 @@ def test_server_control_update_by_hand():
     opt.step()
     torch.testing.assert_close(strategy.control["weight"], torch.tensor([[1.5]]))
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[2.0]]))  # x + mean(y_i - x)
-    assert strategy.weighting("control") == "uniform" and strategy.weighting("weights") == "samples"
+    agg = strategy.aggregator()  # c's updates uniformly, x by sample count
+    assert agg.weight("control", {}, 7) == 1.0 and agg.weight("weights", {}, 7) == 7.0
 
 
 def test_decomposed_factors_keep_c_the_mean_of_all_client_variates(fit):

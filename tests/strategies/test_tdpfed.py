@@ -8,7 +8,6 @@ import torch
 from torch.func import functional_call
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from fl_lightning.api.aggregation import Aggregator
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.strategy import Strategy
 from fl_lightning.api.types import ClientContext
@@ -45,7 +44,7 @@ def run_client(strategy, model, data, state=None):
     worker = copy.deepcopy(model)
     message = strategy.message(model, 0, 0)
     load_tensors(worker, message["weights"])
-    ctx = ClientContext(0, 0, message, dict(state or {}), 100, len(data), 0.0, strategy)
+    ctx = ClientContext(0, 0, message, dict(state or {}), 100, len(data), 0.0)
     strategy.on_client_start(worker, ctx)
     opt = strategy.configure_client_optimizer(worker, ctx)
     ctx.lr = opt.param_groups[0]["lr"]
@@ -67,7 +66,7 @@ def test_round_reset_starts_from_the_global_factors_and_their_reconstruction():
     worker = copy.deepcopy(model)
     load_tensors(worker, strategy.message(model, 0, 0)["weights"])
     stale = {THETA + n: torch.randn_like(t) for n, t in dense_weights(model).items()}
-    ctx = ClientContext(0, 3, strategy.message(model, 0, 3), stale, 10, 1, 0.01, strategy)
+    ctx = ClientContext(0, 3, strategy.message(model, 0, 3), stale, 10, 1, 0.01)
     strategy.on_client_start(worker, ctx)
     theta = ctx.scratch[SCRATCH].theta
     recon = {n: t.detach() for n, t in dense_weights(model).items()}
@@ -140,7 +139,7 @@ def make_upload(model, seed):
 
 
 def server_round(strategy, model, uploads, sizes):
-    agg = Aggregator(strategy)
+    agg = strategy.aggregator()
     for up, n in zip(uploads, sizes):
         agg.add(up, n)
     opt = strategy.configure_server_optimizer(list(model.parameters()))
@@ -213,7 +212,7 @@ def test_uplink_is_in_factor_form_within_one_percent_of_the_target_ratio():
         dense = cp_client(hidden=100, in_features=784, ratio=None)
         strategy = TDPFed()
         strategy.setup(cp, 1)
-        ctx = ClientContext(0, 0, strategy.message(cp, 0, 0), {}, 10, 0, 0.01, strategy)
+        ctx = ClientContext(0, 0, strategy.message(cp, 0, 0), {}, 10, 0, 0.01)
         strategy.on_client_start(cp, ctx)
         up = payload_bytes(strategy.upload(cp, ctx))
         assert up == 4 * sum(p.numel() for p in cp.parameters())
@@ -291,9 +290,10 @@ def test_theta_steps_are_plain_gradient_descent_by_default_and_nesterov_only_on_
     assert group["momentum"] == 0.5 and group["nesterov"]
 
 
-def test_server_receive_hook_defaults_to_the_upload():
-    up = {"weights": {"w": torch.ones(2)}}
-    assert Strategy().server_receive(up) is up
+def test_the_default_aggregator_averages_the_upload_as_sent():
+    agg = Strategy().aggregator()
+    assert agg.receive is None and not agg.buffered
+    assert TDPFed(aggregation="act").aggregator().receive is not None  # ACT composes on the server
 
 
 def test_bad_arguments_name_the_field():
@@ -316,7 +316,7 @@ def factor_fit_setup(target_rank=None, seed=0, **tdpfed):
     strategy = TDPFed(**{"lam": 2.0, **tdpfed})
     strategy.setup(model, 1)
     worker = copy.deepcopy(model)
-    ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.01, strategy)
+    ctx = ClientContext(0, 0, strategy.message(model, 0, 0), {}, 10, 1, 0.01)
     strategy.on_client_start(worker, ctx)
     personal = ctx.scratch[SCRATCH]
     if target_rank is not None:

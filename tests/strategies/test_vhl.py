@@ -61,7 +61,7 @@ def test_virtual_data_are_identical_across_clients_and_rounds_and_mixed_into_eve
 def test_local_term_is_virtual_ce_plus_lambda_times_the_calibration():
     strategy = VHL(lam=0.5, virtual_per_class=4)
     module = make_module(strategy).client
-    ctx = ClientContext(0, 0, {}, {}, 16, 1, 0.1, strategy)
+    ctx = ClientContext(0, 0, {}, {}, 16, 1, 0.1)
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
     module.train()
     torch.manual_seed(5)

@@ -62,7 +62,7 @@ def test_the_sweep_package_launches_the_cli_and_imports_nothing_of_the_engine():
         } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
     outside = {m for m in imported if m.startswith("fl_lightning") and not m.startswith("fl_lightning.sweep")}
     assert outside == {
-        "fl_lightning.cli",  # fit's parser: what a run's arguments resolve to
+        "fl_lightning.config",  # fit's parser: what a run's arguments resolve to
         "fl_lightning.errors",
         "fl_lightning.lightning.checkpoint",  # the rounds a last.ckpt holds
         "fl_lightning.runs",

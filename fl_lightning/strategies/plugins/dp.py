@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fl_lightning.api import (
-    BufferedAggregator,
+    Aggregator,
     ClientContext,
     Payload,
     RoundInfo,
@@ -174,7 +174,7 @@ class DP(StrategyWrapper):
     # ------------------------------------------------------------------------------------ state
     def setup(self, model: nn.Module, num_clients: int) -> None:
         super().setup(model, num_clients)
-        if isinstance(self.base.aggregator(), BufferedAggregator):
+        if self.base.aggregator().buffered:
             raise ConfigError(
                 f"model.strategy: DP cannot wrap {type(self.base).__name__}, whose robust aggregate is not "
                 "the mean its noise is calibrated for; wrap a mean-aggregating strategy (e.g. FedAvg)"
@@ -232,8 +232,9 @@ class DP(StrategyWrapper):
         self._seed, self._count = int(seed), int(count)
         return self.base.select_clients(num_clients, count, round, seed)
 
-    def weighting(self, group: str) -> Literal["samples", "uniform"]:
-        return "uniform" if group in ("weights", GROUP) else self.base.weighting(group)
+    def aggregator(self) -> Aggregator:
+        """The base's aggregator with the weights and the unclipped indicators averaged uniformly."""
+        return self.base.aggregator().reweighted({"weights": "uniform", GROUP: "uniform"})
 
     def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
         payload = self.base.message(model, client_id, round)

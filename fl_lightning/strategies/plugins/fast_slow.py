@@ -9,7 +9,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, RoundInfo, Strategy, StrategyWrapper, register_strategy
+from fl_lightning.api import (
+    ClientContext,
+    RoundInfo,
+    Strategy,
+    StrategyWrapper,
+    Vectorizable,
+    register_strategy,
+)
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.tensor import Payload, load_tensors
 from fl_lightning.strategies.fedavg import FedAvg
@@ -68,7 +75,16 @@ class FastSlow(StrategyWrapper):
     """
 
     name = "fast_slow"
-    vectorizable = True  # with cache=False: only the upload is thinned (see cannot_vectorize)
+    #: Only the upload is thinned; unless clients cache the slow entries (their messages and cached state
+    #: then differ per client).
+    vectorizable = Vectorizable(
+        unless=lambda strategy, module: (
+            "FastSlow's slow-entry cache gives the clients different messages "
+            "(model.strategy.cache=false vectorises)"
+            if strategy.cache and strategy._slow
+            else None
+        )
+    )
 
     def __init__(
         self,
@@ -171,17 +187,6 @@ class FastSlow(StrategyWrapper):
             self._kept = None
         if info.aggregated:
             self.held[torch.tensor(info.aggregated, device=self.held.device)] = self.version(info.round)
-
-    def cannot_vectorize(self, module: nn.Module) -> str | None:
-        """Vectorised unless clients cache the slow entries (their messages and cached state then differ
-        per client)."""
-        reason = super().cannot_vectorize(module)
-        if reason is None and self.cache and self._slow:
-            return (
-                "FastSlow's slow-entry cache gives the clients different messages "
-                "(model.strategy.cache=false vectorises)"
-            )
-        return reason
 
     def extra_repr(self) -> str:
         which = f"fast={self.fast}" if self.fast is not None else f"slow={self.slow}"

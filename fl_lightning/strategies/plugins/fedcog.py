@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, Strategy, StrategyWrapper, register_strategy
+from fl_lightning.api import ClientContext, Strategy, StrategyWrapper, Vectorizable, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.distillation import (
     complementary_counts,
@@ -99,6 +99,13 @@ class FedCOG(StrategyWrapper):
     """
 
     name = "fedcog"
+    #: Never: each client generates its own inputs (from its data and previous model) before its steps.
+    vectorizable = Vectorizable(
+        unless=lambda strategy, module: (
+            "FedCOG generates each client's inputs from its own data and previous model "
+            "before its local steps"
+        )
+    )
 
     def __init__(
         self,
@@ -214,13 +221,6 @@ class FedCOG(StrategyWrapper):
         payload = self.base.upload(module, ctx)
         save_previous_model(module, ctx.state)
         return payload
-
-    def cannot_vectorize(self, module: nn.Module) -> str | None:
-        """Never: each client generates its own inputs (from its data and previous model) before its steps."""
-        return self.base.cannot_vectorize(module) or (
-            "FedCOG generates each client's inputs from its own data and previous model "
-            "before its local steps"
-        )
 
     def extra_repr(self) -> str:
         return (

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.api import ClientContext, Strategy, StrategyWrapper, register_strategy
+from fl_lightning.api import ClientContext, Strategy, StrategyWrapper, Vectorizable, register_strategy
 from fl_lightning.functional.tensor import Payload, load_tensors
 from fl_lightning.models.decomposed import atom_names
 from fl_lightning.strategies.fedavg import FedAvg
@@ -53,6 +53,15 @@ class PersonalAtoms(StrategyWrapper):
     """
 
     name = "personal_atoms"
+    #: As its base, unless the model has atoms: the local atoms train by a forward of their own in
+    #: ``local_step``.
+    vectorizable = Vectorizable(
+        unless=lambda strategy, module: (
+            "PersonalAtoms trains each client's local atoms with a separate forward in local_step"
+            if strategy._atoms
+            else None
+        )
+    )
 
     def __init__(self, base: Strategy | None = None) -> None:
         super().__init__(FedAvg() if base is None else base)
@@ -98,13 +107,6 @@ class PersonalAtoms(StrategyWrapper):
         if local is not None:
             ctx.state.update({LOCAL_ATOMS + n: t.detach().clone() for n, t in local.atoms.items()})
         return up
-
-    def cannot_vectorize(self, module: nn.Module) -> str | None:
-        """Never with atoms: the local atoms train by a forward of their own in ``local_step``."""
-        reason = self.base.cannot_vectorize(module)
-        if reason is None and self._atoms:
-            return "PersonalAtoms trains each client's local atoms with a separate forward in local_step"
-        return reason
 
     def personalize(self, module: nn.Module, client_id: int, state: dict[str, Tensor]) -> None:
         super().personalize(module, client_id, state)

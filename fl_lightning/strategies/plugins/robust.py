@@ -2,9 +2,10 @@
 
 The robust plug-ins wrap any strategy and replace the weighted mean of the ``"weights"`` group by a
 robust reduction of the client updates ``Delta_k = w_k - w^t`` (``w^t``: the weights the round's
-message carried), computed on the server from every upload kept by a
-:class:`~fl_lightning.api.aggregation.BufferedAggregator`; the aggregate handed to the base's
-``server_update`` is ``w^t + robust(Delta_1..Delta_K)``. Other payload groups (control variates, duals)
+message carried), computed on the server from every upload, which the base's
+:class:`~fl_lightning.api.aggregation.Aggregator` (its weighting and receive transform) keeps for the
+plug-in's ``reduce``; the aggregate handed to the base's ``server_update`` is
+``w^t + robust(Delta_1..Delta_K)``. Other payload groups (control variates, duals)
 keep the base's weighted mean. Test a defence with ``model.attack`` (simulated malicious clients, any
 strategy) or nest :class:`Attack`, which declares the same attack: ``Median(Attack(FedAvg(), fraction=0.4))``.
 """
@@ -17,13 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.api import (
-    BufferedAggregator,
+    Aggregator,
     Entry,
     Payload,
     SimulatedAttack,
     Strategy,
     StrategyWrapper,
     register_strategy,
+    weighted_mean,
 )
 from fl_lightning.errors import ConfigError, RunError, check_number
 from fl_lightning.functional.robust import (
@@ -36,32 +38,6 @@ from fl_lightning.functional.robust import (
 )
 from fl_lightning.functional.tensor import shared_state
 from fl_lightning.strategies.fedavg import FedAvg
-
-
-class RobustAggregator(BufferedAggregator):
-    """Buffers the uploads; the ``"weights"`` group is reduced by the bound :class:`RobustWrapper`."""
-
-    def __init__(self, strategy: RobustWrapper) -> None:
-        super().__init__(strategy)
-        self.robust = strategy
-
-    def reduce(self, entries: list[Entry]) -> Payload:
-        rest = [(c, {g: ts for g, ts in p.items() if g != "weights"}, w) for c, p, w in entries]
-        means = super().reduce(rest)
-        uploads = [p["weights"] for _, p, _ in entries if "weights" in p]
-        if uploads:
-            names = list(uploads[0])
-            if any(set(u) != set(names) for u in uploads):
-                raise RunError("robust aggregation needs every client to upload the same weights entries")
-            reference = self.robust.reference()
-            ref = {n: reference[n] for n in names}
-            base = stack_flat([ref], names)[0]
-            deltas = stack_flat(uploads, names) - base
-            weights = torch.tensor(
-                [w["weights"] for _, p, w in entries if "weights" in p], device=deltas.device
-            )
-            means["weights"] = unflatten(base + self.robust.reduce_updates(deltas, weights), ref)
-        return means
 
 
 class RobustWrapper(StrategyWrapper):
@@ -81,9 +57,31 @@ class RobustWrapper(StrategyWrapper):
         super().setup(model, num_clients)
         self._model = [model]
 
-    def aggregator(self) -> RobustAggregator:
+    def aggregator(self) -> Aggregator:
+        """The base's aggregator (its weighting and receive transform) keeping every upload for
+        :meth:`robust_aggregate`; a new round's messages record ``w^t`` afresh."""
         self._reference = None
-        return RobustAggregator(self)
+        return self.base.aggregator().replace(reduce=self.robust_aggregate)
+
+    def robust_aggregate(self, entries: list[Entry]) -> Payload:
+        """``w^t + reduce_updates(Delta_1..Delta_K)`` for the ``"weights"`` group, the weighted mean for the
+        others."""
+        rest = [(c, {g: ts for g, ts in p.items() if g != "weights"}, w) for c, p, w in entries]
+        means = weighted_mean(rest)
+        uploads = [p["weights"] for _, p, _ in entries if "weights" in p]
+        if uploads:
+            names = list(uploads[0])
+            if any(set(u) != set(names) for u in uploads):
+                raise RunError("robust aggregation needs every client to upload the same weights entries")
+            reference = self.reference()
+            ref = {n: reference[n] for n in names}
+            base = stack_flat([ref], names)[0]
+            deltas = stack_flat(uploads, names) - base
+            weights = torch.tensor(
+                [w["weights"] for _, p, w in entries if "weights" in p], device=deltas.device
+            )
+            means["weights"] = unflatten(base + self.reduce_updates(deltas, weights), ref)
+        return means
 
     def message(self, model: nn.Module, client_id: int, round: int) -> Payload:
         payload = self.base.message(model, client_id, round)

@@ -28,7 +28,7 @@ def _one_sam_step(strategy, lr=0.1, wd=0.0):
     net = Quadratic()
     opt = torch.optim.SGD(net.parameters(), lr=lr, weight_decay=wd)
     x = torch.tensor([[1.0, 2.0], [3.0, 1.0]])
-    ctx = ClientContext(0, 0, {}, {}, 2, 1, lr, strategy)
+    ctx = ClientContext(0, 0, {}, {}, 2, 1, lr)
     seen = []
 
     def closure():

@@ -53,7 +53,7 @@ def _round(strategy, model, deltas, round=0, seed=0, num_clients=None, sampled=N
             else delta
         )
         upload = {"weights": {"weight": model.weight.detach() + dw, "bias": model.bias.detach() + db}}
-        ctx = ClientContext(cid, round, message, {}, 10, 1, 0.1, strategy)
+        ctx = ClientContext(cid, round, message, {}, 10, 1, 0.1)
         upload = strategy.process_upload(upload, ctx)
         uploads.append(upload)
         agg.add(upload, 10 + cid, cid)

@@ -102,7 +102,7 @@ def _client(module, strategy, cid=0, round=0):
     worker = module.client
     data = dm.clients[cid]
     message = {"weights": {k: v.clone() for k, v in worker.state_dict().items()}}
-    ctx = ClientContext(cid, round, message, {}, data.num_samples, 4, 0.1, strategy, data=data)
+    ctx = ClientContext(cid, round, message, {}, data.num_samples, 4, 0.1, data=data)
     return worker, ctx, data
 
 

@@ -1,4 +1,4 @@
-"""One-line messages for the CLI's bad input: jsonargparse's parse errors, Lightning's Trainer errors.
+"""One-line messages for bad config input: jsonargparse's parse errors, Lightning's Trainer errors.
 
 Each message names the field as it is spelled in a YAML config (``model.client.lr``, ``trainer.max_steps``)
 and says what to do; where a given name or option is close to a known one, it asks "did you mean ...?"
@@ -213,12 +213,17 @@ def _unknown_class(
     registry = registries.get(field.rpartition(".")[2])
     names = registry() if registry else _subclass_names(subtypes)
     kind = _KINDS.get(field.rpartition(".")[2], "class")
-    near = close_names(given.rpartition(".")[2], names) if names else []
+    leaf = given.rpartition(".")[2]
+    near = close_names(leaf, names) if names else []
+    own = f"a {kind} of your own is named by its class path: --{field}=my_package.my_module.{leaf}"
     if near:
-        return f"{field}: {given!r} is not a known {kind}; {did_you_mean(near)}"
+        same = near[0].lower() == given.lower()  # a known name in another case: not a class of one's own
+        return f"{field}: {given!r} is not a known {kind}; {did_you_mean(near)}" + (
+            "" if same else f" ({own})"
+        )
     if registry:
         listed = ", ".join(names)
-        return f"{field}: {given!r} is not a known {kind}; choose one of {listed} or a full class path"
+        return f"{field}: {given!r} is not a known {kind}; choose one of {listed}; {own}"
     return (
         f"{field}: {given!r} is not a class that can be imported; give its full path (package.module.Class)"
     )

@@ -1,9 +1,9 @@
-"""The CLI's one-line messages: "did you mean", jsonargparse's errors and Lightning's Trainer errors."""
+"""A config's one-line messages (config/errors.py): "did you mean", jsonargparse's and Lightning's errors."""
 
 import pytest
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from fl_lightning.cli_errors import (
+from fl_lightning.config.errors import (
     class_options,
     close_names,
     close_options,
@@ -71,6 +71,25 @@ def test_config_keys_leave_out_class_path_and_init_args():
     assert find_key(config, "w", True) is None  # a value of another type is not the one
 
 
+def test_config_keys_leave_out_where_a_nested_config_was_read_from(tmp_path):
+    """``--data=data.yaml`` keeps the file's path in the parsed config as ``__path__``: not an option."""
+    from fl_lightning.config.parser import FederatedArgumentParser
+
+    (tmp_path / "data.yaml").write_text("num_clients: 4\n")
+    parser = FederatedArgumentParser()
+    parser.add_class_arguments(DataArgs, "data")
+    parsed = parser.parse_args([f"--data={tmp_path / 'data.yaml'}"]).as_dict()
+    assert "__path__" in parsed["data"]  # what jsonargparse does, and why config_keys must skip it
+    assert config_keys(parsed) == ["data", "data.num_clients", "data.seed"]
+    nested = {"model": {"strategy": {"class_path": "S", "init_args": {"__path__": "s.yaml", "mu": 0.1}}}}
+    assert config_keys(nested) == ["model", "model.strategy", "model.strategy.mu"]
+
+
+class DataArgs:
+    def __init__(self, num_clients: int = 10, seed: int = 0) -> None:
+        self.num_clients, self.seed = num_clients, seed
+
+
 class Base:
     def __init__(self, alpha: float = 1.0) -> None:
         self.alpha = alpha
@@ -120,9 +139,14 @@ def test_an_unknown_bare_class_name_gets_the_registry_names():
     line, _ = parse_error(message, registries, lambda: [], "")
     assert line == "model.strategy: 'fedprox' is not a known strategy; did you mean FedProx?"
     line, _ = parse_error(message.replace("fedprox", "xyz"), registries, lambda: [], "")
-    assert (
-        line
-        == "model.strategy: 'xyz' is not a known strategy; choose one of FedAvg, FedProx or a full class path"
+    assert line == (
+        "model.strategy: 'xyz' is not a known strategy; choose one of FedAvg, FedProx; a strategy of your "
+        "own is named by its class path: --model.strategy=my_package.my_module.xyz"
+    )
+    line, _ = parse_error(message.replace("fedprox", "MyProx"), registries, lambda: [], "")
+    assert line == (
+        "model.strategy: 'MyProx' is not a known strategy; did you mean FedProx? (a strategy of your own is "
+        "named by its class path: --model.strategy=my_package.my_module.MyProx)"
     )
 
 

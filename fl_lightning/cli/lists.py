@@ -1,0 +1,44 @@
+"""``python -m fl_lightning list [strategies|models|datasets|partitions|transforms]``: the names a config
+takes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fl_lightning.data.datasets import list_datasets
+from fl_lightning.data.partition import PARTITIONERS
+from fl_lightning.data.transforms import TRANSFORMS
+from fl_lightning.models import MODELS
+from fl_lightning.strategies import list_strategies
+
+#: What ``python -m fl_lightning list`` prints: the config field and its accepted values.
+LISTS: dict[str, tuple[str, Any]] = {
+    "strategies": ("--model.strategy=NAME", list_strategies),
+    "models": (
+        "model.client.init_args.net: {class_path: fl_lightning.models.NAME}",
+        lambda: sorted((c.__name__ for c in MODELS.values()), key=str.lower),
+    ),
+    "datasets": ("--data.dataset=NAME", list_datasets),
+    "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
+    "transforms": ("--data.client_transform=NAME", lambda: [c.__name__ for c in TRANSFORMS.values()]),
+}
+
+
+def list_names(argv: list[str]) -> None:
+    """``python -m fl_lightning list [strategies|models|datasets|partitions|transforms]``: the names a config
+    takes."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_lightning list",
+        description="The names a config takes, by config field.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("what", nargs="?", help=f"one of {', '.join(LISTS)} (default: all)")
+    what = parser.parse_args(argv).what
+    if what is not None and what not in LISTS:
+        sys.stderr.write(f"error: list: {what!r} is not one of {', '.join(LISTS)}\n")
+        raise SystemExit(2)
+    for name in [what] if what else LISTS:
+        field, names = LISTS[name]
+        sys.stdout.write(f"{name} ({field}):\n  " + ", ".join(names()) + "\n")
