@@ -8,13 +8,18 @@ where one client's do (a hundred clients of the FedAvg paper's 2NN hold 63 MB of
 every step reads and writes them all), and ``vmap``'s batched convolutions can be slower than plain ones.
 So with ``model.vectorize_cpu=measure`` (the default) a CPU process measures both on its first clients
 (:class:`CpuDecision`): it trains the first few clients of its first round one at a time (a tenth of a
-group, at least :data:`MIN_TIMED` and at most :data:`MAX_TIMED`) and the rest of the round in groups,
+group, at least :data:`MIN_TIMED` and at most :data:`MAX_TIMED`), then a small probe group (as many
+clients, at least :data:`MIN_PROBE`), then, if the probe was faster, the rest of the round in groups,
 timing each side's local work per client-step (the clients' uploads and local evaluation included, the
 engine's work between clients not; on one intra-op thread the thread's CPU time, which other processes
 on a shared machine inflate less than wall-clock time, else wall-clock time), and from then on trains
-every group the faster way. Nothing is trained twice: the measured clients are the round's. A round too
-small to split is timed whole, one way this round and the other way the next. The first client trained
-one at a time (warm-up) is left out of its side's time.
+every group the faster way. Where batching does not pay, the probe says so and only its few clients ran
+the slower way (the character LSTM under vmap measured 0.23x on the benchmarks' machine: a first round
+that trained all but two of its clients batched took several times as long as one at a time); where
+the probe pays, the decision is made on a full group (whose stacked weights may not stay in cache where a
+probe's do). Nothing is trained twice: the measured clients are the round's. A round too small to split
+is timed whole, one way this round and the other way the next. The first client trained one at a time
+(warm-up) is left out of its side's time.
 
 Groups are of ``model.vectorize`` clients (within the memory budget). Smaller groups, whose weights
 would stay in cache across the local steps, were measured too and not worth it on the benchmarks'
@@ -48,6 +53,9 @@ import torch
 CPU_MODES = ("measure", "batched", "one_at_a_time")
 #: Clients timed one at a time before any group: a tenth of the largest group, within these bounds.
 MIN_TIMED, MAX_TIMED = 2, 5
+#: The smallest probe group (a first group of this many clients, or as many as were timed one at a time,
+#: before any full group): groups of 4 to 100 clients of the 2NN took the same time per client-step.
+MIN_PROBE = 4
 #: Fraction of the host's available memory that a CPU group may use when no budget is given.
 HOST_MEMORY_FRACTION = 0.5
 
@@ -88,8 +96,12 @@ class CpuDecision:
         #: Whether groups train batched (None: still measuring).
         self.batched: bool | None = {"batched": True, "one_at_a_time": False}.get(mode)
         self.to_time = min(MAX_TIMED, max(MIN_TIMED, math.ceil(largest / 10)))
+        #: The first group's size (the probe; a full group if it is not smaller than one).
+        self.probe = min(largest, max(MIN_PROBE, self.to_time))
         self.one = Timing()  # clients one at a time
-        self.groups = Timing()  # batched groups
+        self.groups = Timing()  # batched groups (after a probe that paid: the full groups only)
+        #: The probe group's timing once it paid (None: no probe yet, or the probe was a full group).
+        self.probed: Timing | None = None
         #: The round in which the measurement ended (None: pinned, or not yet).
         self.round: int | None = None
         #: The clock of the timings: the thread's CPU time on one intra-op thread (preemption by other
@@ -113,6 +125,8 @@ class CpuDecision:
             return min(self.largest, left) if self.batched else 1
         if left < 2 or len(self.one.seconds) < self.to_time:
             return 1
+        if self.probed is None and not self.groups.seconds:
+            return min(self.probe, left)  # the probe
         return min(self.largest, left)
 
     def add(self, size: int, seconds: float, steps: int, round: int) -> bool:
@@ -122,6 +136,9 @@ class CpuDecision:
             return False
         (self.one if size == 1 else self.groups).add(seconds, steps, size)
         if size == 1 or len(self.one.seconds) < MIN_TIMED:
+            return False
+        if self.probed is None and size < self.largest and self.speedup >= 1.0:
+            self.probed, self.groups = self.groups, Timing()  # the probe paid: decide on a full group
             return False
         self.batched = self.speedup >= 1.0
         self.round = round
@@ -140,6 +157,7 @@ class CpuDecision:
             f"{1e3 * self.groups.per_step():.3f} ms per client-step batched against "
             f"{1e3 * self.one.per_step(skip_first=True):.3f} ms one at a time ({self.speedup:.2f}x), "
             f"measured in round {self.round} on {self.one.clients} + {self.groups.clients} clients"
+            + (f" (after a probe of {self.probed.clients})" if self.probed is not None else "")
         )
 
 

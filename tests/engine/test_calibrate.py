@@ -21,23 +21,37 @@ from fl_lightning.strategies import FedAvg
 from conftest import global_weights, make_data, make_module, make_trainer
 
 
-def test_the_first_clients_train_one_at_a_time_then_the_rest_in_groups():
+def test_the_first_clients_train_one_at_a_time_then_a_probe_then_the_rest_in_groups():
     decision = CpuDecision("measure", 100)
-    assert decision.to_time == 5 and decision.measuring and decision.batched is None
-    sizes, left = [], 100
+    assert decision.to_time == 5 and decision.probe == 5 and decision.measuring and decision.batched is None
+    sizes, left, decided = [], 100, []
     while left:
         n = decision.next_group(left)
         sizes.append(n)
         left -= n
         if n == 1:
             decision.add(1, 0.5, 5, round=0)  # 0.1 s per client-step one at a time
-        else:
-            assert decision.add(n, 0.04 * n * 5, n * 5, round=0)  # 0.04 s per client-step: decided
-    assert sizes == [1] * 5 + [95]
+        else:  # the probe 0.02 s per client-step, the full group 0.04 s: decided on the full group
+            decided.append(decision.add(n, (0.02 if n == 5 else 0.04) * n * 5, n * 5, round=0))
+    assert sizes == [1] * 5 + [5, 90] and decided == [False, True]
     assert decision.batched and decision.size == 100 and decision.round == 0
     assert decision.speedup == pytest.approx(2.5)
     assert decision.next_group(100) == 100 and decision.next_group(30) == 30
     assert "ms per client-step batched" in decision.describe()
+    assert "on 5 + 90 clients (after a probe of 5)" in decision.describe()
+
+
+def test_a_probe_that_does_not_pay_decides_at_once():
+    """Batching 4x slower (the character LSTM under vmap on a CPU): only the probe's clients run batched."""
+    decision = CpuDecision("measure", 100)
+    sizes, left = [], 100
+    while left:
+        n = decision.next_group(left)
+        sizes.append(n)
+        left -= n
+        decision.add(n, (0.1 if n == 1 else 0.4 * n) * 5, n * 5, round=0)
+    assert sizes == [1] * 5 + [5] + [1] * 90 and decision.batched is False and decision.round == 0
+    assert decision.groups.clients == 5 and decision.speedup == pytest.approx(0.25)
 
 
 def test_batching_that_does_not_pay_means_one_at_a_time():
@@ -45,8 +59,8 @@ def test_batching_that_does_not_pay_means_one_at_a_time():
     assert decision.to_time == 2
     for _ in range(2):
         decision.add(1, 1.0, 10, round=0)
-    assert decision.next_group(8) == 8
-    assert decision.add(8, 8 * 1.2, 80, round=0) and decision.batched is False
+    assert decision.probe == 4 and decision.next_group(8) == 4  # the probe
+    assert decision.add(4, 4 * 1.2, 40, round=0) and decision.batched is False
     assert decision.size == 1 and decision.next_group(10) == 1 and decision.speedup == pytest.approx(1 / 1.2)
 
 
