@@ -49,6 +49,7 @@ def make_module(
         **{"momentum": 0.0, **(client_kw or {})},
     )
     kw.setdefault("local_steps", 2)
+    kw.setdefault("vectorize_cpu", "batched")  # model.vectorize's groups train batched, not as measured
     return FederatedModule(client=client, strategy=strategy or FedAvg(), **kw)
 
 

@@ -55,9 +55,8 @@ to one client at a time with a one-line notice naming the reason:
 - The per-step terms are elementwise (``torch._foreach_*`` on aligned lists broadcast over the client
   dim): FedProx's ``mu/2 ||w - w^t||^2`` summed over clients, SCAFFOLD's ``c - c_i``, FedDyn's
   ``alpha (w - w^t) - lambda_i``. A ``local_loss`` is the SUM of the clients' terms, so one backward gives
-  each client its own gradient; its ``outputs`` are ``[C, B, ...]`` under vmap and None on the CPU
-  (where the group's forward runs client by client). Reductions over a client's parameters (global
-  norms for clipping or a SAM perturbation) pass ``stacked=ctx.stacked > 0`` to
+  each client its own gradient; its ``outputs`` are ``[C, B, ...]``. Reductions over a client's parameters
+  (global norms for clipping or a SAM perturbation) pass ``stacked=ctx.stacked > 0`` to
   :func:`~fl_lightning.functional.sharpness.global_norm`, ``clip_grads_`` or ``sam_offsets``.
 - New per-client tensors created during the steps are created like a parameter or gradient (so they
   are stacked), not like a message entry. Step-to-step values that :meth:`upload` reads from

@@ -44,6 +44,7 @@ EXECUTION_FIELDS = frozenset(
         "model.compile",
         "model.vectorize",
         "model.vectorize_memory_gb",
+        "model.vectorize_cpu",
     }
 )
 
@@ -56,7 +57,9 @@ class FederatedSummary(Callback):
     model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
     ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), the
     strategy's last reported scalars under their own keys (``privacy/epsilon``, ... with the
-    :class:`~fl_lightning.strategies.DP` plug-in), ``global_split``: the split the global
+    :class:`~fl_lightning.strategies.DP` plug-in), how ``model.vectorize`` ran (``vectorize/batched``,
+    ``vectorize/speedup``, ``vectorize/group_size``, ``vectorize/fused_sgd``: see
+    :mod:`fl_lightning.engine.calibrate`), ``global_split``: the split the global
     numbers are on (``"validation"`` with ``data.val_fraction > 0``, else ``"test"``; evaluate a
     checkpoint on the test set with ``test``), and ``interrupted``.
 
@@ -376,6 +379,8 @@ def summarize(
     reported = next((r["strategy"] for r in reversed(history) if r.get("strategy")), {})
     if reported:  # the strategy's scalars after its last reporting round, e.g. privacy/epsilon
         out.update(reported)
+    vectorize = next((r["vectorize"] for r in reversed(history) if r.get("vectorize")), {})
+    out.update(vectorize)  # how model.vectorize ran (vectorize/batched, vectorize/speedup, ...)
     vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
         mean = sum(vals) / len(vals)

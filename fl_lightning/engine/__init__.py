@@ -10,6 +10,8 @@
   stacked group, the check of its upload, the model it deploys), the same on every executor and on a
   Flower SuperNode;
 - :mod:`~fl_lightning.engine.vectorized`: several clients' local steps as one batched computation;
+  :mod:`~fl_lightning.engine.batched`: a group's linear chain batched by hand, its SGD step fused into the
+  backward; :mod:`~fl_lightning.engine.calibrate`: on a CPU, batched or one at a time, as measured;
 - :mod:`~fl_lightning.engine.state`: every client's persistent state, off the accelerator;
 - :mod:`~fl_lightning.engine.attack`: the run's one simulated attack (``model.attack`` or the ``Attack``
   plug-in);

@@ -13,7 +13,8 @@ Evaluation of the clients' deployed models goes the same way
 - :class:`Sequential`: one client at a time on the work's worker (:func:`run_client`, the client path the
   Flower ClientApp runs too).
 - :class:`Vectorized`: groups of up to ``model.vectorize`` clients as one batched computation
-  (:mod:`fl_lightning.engine.vectorized`); a group trains one client at a time only for a declared reason
+  (:mod:`fl_lightning.engine.vectorized`; on a CPU only where that is measured to pay,
+  :mod:`fl_lightning.engine.calibrate`); a group trains one client at a time only for a declared reason
   (the strategy or model cannot be stacked, :func:`~fl_lightning.engine.vectorized.cannot_vectorize`, or a
   :class:`~fl_lightning.engine.vectorized.UnvectorizableError`), named in a notice; any other error
   propagates.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,12 +42,15 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed, world
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientResult, RoundResult
+from fl_lightning.engine.batched import gradient_hooks
+from fl_lightning.engine.calibrate import CpuDecision
 from fl_lightning.engine.distributed import assign_clients
-from fl_lightning.engine.local import LocalConfig, evaluate_deployed, train_client
+from fl_lightning.engine.local import LocalConfig, evaluate_deployed, outputs_together, train_client
 from fl_lightning.engine.vectorized import (
     StackedWorker,
     UnvectorizableError,
     cannot_vectorize,
+    evaluate_stacked,
     finish_client,
     group_size,
     train_stacked,
@@ -104,8 +109,9 @@ class Sequential(Executor):
         merged = work.metrics()
         per: dict[int, dict[str, float]] = {}
         local = work.local
+        metrics = work.metrics()  # one set, reset per client (building a set costs more than evaluating)
         for cid in work.clients:
-            metrics = work.metrics()
+            metrics.reset()
             evaluate_deployed(
                 worker,
                 weights,
@@ -125,70 +131,172 @@ class Sequential(Executor):
 class Vectorized(Sequential):
     """Groups of up to ``size`` consecutive clients trained as one batched computation.
 
+    On a CPU, whether the groups train batched or one client at a time is measured on the run's first
+    clients (``model.vectorize_cpu=measure``, :class:`~fl_lightning.engine.calibrate.CpuDecision`) or
+    pinned (``batched``, ``one_at_a_time``); on an accelerator they train batched. The choice and its
+    measurement are logged once and reported every round (:meth:`facts`).
+
     Args:
-        size: ``model.vectorize``.
+        size: ``model.vectorize``: an integer, or ``"auto"``: every client of the round (this process's
+            share), as many as the memory budget allows.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int | str) -> None:
         super().__init__()
         self.size = size
         self.max_group: int | None = None
         self.stacks: dict[tuple[Any, ...], StackedWorker] = {}
+        #: The CPU's choice between batched groups and one client at a time (None: not on a CPU).
+        self.decision: CpuDecision | None = None
+        self._bound = 0  # the clients per group in the last round (1: none vectorised)
+        self._fused: bool | None = None  # whether the last batched group's SGD step was fused
+        self._said: set[str] = set()
 
     def train(self, work: Work) -> Iterator[Outcome]:
         worker = work.worker()
         initial = work.personal_initial()
-        clients = list(work.clients)
-        size = self._group_size(work, worker)
-        for start in range(0, len(clients), size):
-            group = clients[start : start + size]
-            trained = None
-            if len(group) > 1:
-                messages = [work.message(cid) for cid in group]
-                states = [work.state(cid) for cid in group]
-                try:
-                    trained = train_stacked(
-                        self._stack(worker, len(group)),
-                        work.strategy,
-                        messages,
-                        states,
-                        [work.data[cid] for cid in group],
-                        work.round,
-                        work.local,
-                        work.precision,
-                        steps=work.group_steps(group),
-                    )
-                except UnvectorizableError as err:  # a declared reason; any other error propagates
-                    self.notice(
-                        f"model.vectorize: a group of {len(group)} clients was trained one at a time: {err}",
-                        key=f"runtime: {err}",
-                    )
-            if trained is None:
-                for cid in group:
-                    yield self._one(work, worker, initial, cid)
-                continue
-            for cid, message, state, done in zip(group, messages, states, trained, strict=True):
-                try:
-                    res: ClientResult | Exception = finish_client(
-                        worker,
-                        work.strategy,
-                        message,
-                        state,
-                        work.data[cid],
-                        done,
-                        work.round,
-                        work.local_for(cid),
-                        work.precision,
-                        work.eval_metrics(cid),
-                    )
-                except Exception as err:
-                    res = err
-                self.counts["vectorised"] += 1
-                yield cid, message, res
+        left = list(work.clients)
+        size = self._bound = self._group_size(work, worker)
+        decision = self._decision(work, worker, size)
+        while left:
+            n = decision.next_group(len(left)) if decision is not None else min(size, len(left))
+            group, left = left[:n], left[n:]
+            if n == 1:
+                yield self._timed(work, worker, initial, group[0], decision)
+            else:
+                yield from self._stacked(work, worker, initial, group, decision)
+
+    def _timed(
+        self,
+        work: Work,
+        worker: ClientModule,
+        initial: dict[str, torch.Tensor],
+        cid: int,
+        decision: CpuDecision | None,
+    ) -> Outcome:
+        """One client one at a time; its local work timed for the CPU's measurement while it measures."""
+        clock = decision.clock if decision is not None else time.perf_counter
+        start = clock()
+        outcome = self._one(work, worker, initial, cid)
+        if decision is not None and decision.measuring and not isinstance(outcome[2], Exception):
+            steps = work.local_for(cid).num_steps(work.data[cid])
+            if decision.add(1, clock() - start, steps, work.round):
+                self._decided(decision)
+        return outcome
+
+    def _stacked(
+        self,
+        work: Work,
+        worker: ClientModule,
+        initial: dict[str, torch.Tensor],
+        group: list[int],
+        decision: CpuDecision | None,
+    ) -> Iterator[Outcome]:
+        """A group as one batched computation (one at a time after a declared reason); its local work
+        timed while the CPU measures (the clients' finishing included, the engine's work between them not)."""
+        stack = self._stack(worker, len(group))
+        messages = [work.message(cid) for cid in group]
+        states = [work.state(cid) for cid in group]
+        datas = [work.data[cid] for cid in group]
+        clock = decision.clock if decision is not None else time.perf_counter
+        start = clock()
+        try:
+            trained = train_stacked(
+                stack,
+                work.strategy,
+                messages,
+                states,
+                datas,
+                work.round,
+                work.local,
+                work.precision,
+                steps=work.group_steps(group),
+            )
+        except UnvectorizableError as err:  # a declared reason; any other error propagates
+            self.notice(
+                f"model.vectorize: a group of {len(group)} clients was trained one at a time: {err}",
+                key=f"runtime: {err}",
+            )
+            for cid in group:
+                yield self._one(work, worker, initial, cid)
+            return
+        evaluated: list[Any] = [None] * len(group)  # each client's outputs on its local test split
+        if work.local_metrics is not None and any(d.test_idx.numel() for d in datas):
+            evaluated = evaluate_stacked(stack, trained, datas, work.local, work.precision)
+        seconds = clock() - start
+        self._note_path(stack)
+        for cid, message, state, done, outputs in zip(
+            group, messages, states, trained, evaluated, strict=True
+        ):
+            start = clock()
+            try:
+                res: ClientResult | Exception = finish_client(
+                    worker,
+                    work.strategy,
+                    message,
+                    state,
+                    work.data[cid],
+                    done,
+                    work.round,
+                    work.local_for(cid),
+                    work.precision,
+                    work.eval_metrics(cid),
+                    outputs,
+                )
+            except Exception as err:
+                res = err
+            seconds += clock() - start
+            self.counts["vectorised"] += 1
+            yield cid, message, res
+        if decision is not None and decision.measuring:
+            steps = sum(work.local_for(cid).num_steps(work.data[cid]) for cid in group)
+            if decision.add(len(group), seconds, steps, work.round):
+                self._decided(decision)
+
+    def evaluate(self, work: Work) -> Evaluation:
+        """As one at a time (:meth:`Sequential.evaluate`); where every client deploys the global model
+        itself (a strategy with the base class's ``personalize`` and ``adapt`` and no personal layers, on a
+        network that vectorises), the clients' test batches go through it together, about
+        ``eval_batch_size`` samples per forward, and each client's metrics are updated with its own batches'
+        outputs as one at a time."""
+        worker = work.worker()
+        strategy, local = work.strategy, work.local
+        if (
+            self.size == 1
+            or gradient_hooks(strategy, ("personalize", "adapt"))
+            or strategy.personal_names(work.model)
+            or cannot_vectorize(worker, strategy, local, work.precision) is not None
+        ):
+            return super().evaluate(work)
+        load_tensors(worker, {k: v for k, v in work.model.state_dict().items() if v.is_floating_point()})
+        merged, metrics = work.metrics(), work.metrics()
+        per: dict[int, dict[str, float]] = {}
+        pending: list[tuple[int, list[Any]]] = []
+
+        def flush() -> None:
+            outputs = iter(outputs_together(worker, [b for _, bs in pending for b in bs], work.precision))
+            for cid, batches in pending:
+                metrics.reset()
+                for _, target in batches:
+                    metrics.update(next(outputs), target)
+                per[cid] = metrics.compute()
+                merged.merge(metrics)
+            pending.clear()
+
+        samples = 0
+        for cid in work.clients:
+            batches = list(work.data[cid].eval_batches(local.eval_batch_size))
+            pending.append((cid, batches))
+            samples += sum(len(y) for _, y in batches)
+            if samples >= local.eval_batch_size:
+                flush()
+                samples = 0
+        flush()
+        return per, merged
 
     def _group_size(self, work: Work, worker: ClientModule) -> int:
         """Clients per group this round (1: one at a time), with the run's one notice on why."""
-        if self.size <= 1 or len(work.clients) <= 1:
+        if self.size == 1 or len(work.clients) <= 1:
             return 1
         reason = cannot_vectorize(worker, work.strategy, work.local, work.precision)
         if reason is not None:
@@ -197,20 +305,85 @@ class Vectorized(Sequential):
         if self.max_group is None:
             largest = max(work.data, key=lambda d: d.num_samples)
             local = work.local
+            requested = len(work.data) if self.size == "auto" else int(self.size)
             self.max_group, note = group_size(
-                self.size, worker, largest, local.batch_size, local.vectorize_memory_gb
+                requested, worker, largest, local.batch_size, local.vectorize_memory_gb
             )
-            log.info("model.vectorize=%d: groups of up to %d clients (%s)", self.size, self.max_group, note)
+            log.info("model.vectorize=%s: groups of up to %d clients (%s)", self.size, self.max_group, note)
         return min(self.max_group, len(work.clients))
 
+    def _decision(self, work: Work, worker: ClientModule, size: int) -> CpuDecision | None:
+        """The CPU's choice between batched groups and one at a time (None: groups train batched)."""
+        if size <= 1 or module_device(worker).type != "cpu":
+            return None
+        if self.decision is None:
+            self.decision = CpuDecision(work.local.vectorize_cpu, size)
+            if self.decision.batched is False:
+                log.info("model.vectorize=%s: clients train one at a time (model.vectorize_cpu)", self.size)
+        return self.decision
+
+    def _decided(self, decision: CpuDecision) -> None:
+        """Say the CPU's measured choice once, and drop the stacks it no longer needs."""
+        if decision.batched:
+            log.info(
+                "model.vectorize=%s: groups train batched on this CPU: %s", self.size, decision.describe()
+            )
+        else:
+            self.notice(
+                f"model.vectorize={self.size}: clients train one at a time on this CPU, where batching "
+                f"does not pay: {decision.describe()}"
+            )
+            self.stacks.clear()
+
+    def _note_path(self, stack: StackedWorker) -> None:
+        """Log once how a stacked group's forward, backward and step ran."""
+        if stack.chained:
+            self._fused = stack.unfused is None
+            text = (
+                "a batched linear chain, the local SGD step fused into its backward"
+                if stack.unfused is None
+                else f"a batched linear chain, the local step not fused: {stack.unfused}"
+            )
+        else:
+            self._fused = False
+            why = f" (not a linear chain: {stack.chain_reason})" if stack.chain is None else ""
+            text = f"torch.func.vmap over the stacked parameters{why}"
+        if text not in self._said:
+            self._said.add(text)
+            log.info("model.vectorize: a group's forward and backward run as %s", text)
+
+    def facts(self) -> dict[str, float]:
+        """The ``vectorize/*`` scalars of the round's record (see :mod:`~fl_lightning.engine.calibrate`)."""
+        if self._bound <= 1:
+            return {}
+        decision = self.decision
+        out = {}
+        if decision is None or decision.batched is not None:  # decided (or not on a CPU)
+            batched = decision is None or bool(decision.batched)
+            out["vectorize/batched"] = float(batched)
+            out["vectorize/group_size"] = float(self._bound if batched else 1)
+        if decision is not None and decision.round is not None:
+            out["vectorize/speedup"] = decision.speedup
+        if self._fused is not None:
+            out["vectorize/fused_sgd"] = float(self._fused)
+        return out
+
     def _stack(self, worker: ClientModule, size: int) -> StackedWorker:
-        """The stacked worker for ``size`` clients (kept for the next rounds; at most two sizes)."""
-        key = (id(worker), module_device(worker), size)
-        stack = self.stacks.get(key)
-        if stack is None:
-            if len(self.stacks) >= 2:
-                self.stacks.pop(min(self.stacks, key=lambda k: k[2]))
-            stack = self.stacks[key] = StackedWorker(worker, size)
+        """The stacked worker for ``size`` clients, kept for the next rounds: one of the round's group size
+        (or larger, built before) for this worker and device, or for a smaller group a stack within it
+        (its first ``size`` slots, no copy of the parameters); a larger group replaces them."""
+        where = (id(worker), module_device(worker))
+        stack = self.stacks.get((*where, size))
+        if stack is not None:
+            return stack
+        own = next((s for k, s in self.stacks.items() if k[:2] == where and s.within is None), None)
+        if own is None or own.size < size:
+            self.stacks = {k: s for k, s in self.stacks.items() if k[:2] != where}
+            own = StackedWorker(worker, max(size, self._bound))
+            self.stacks[(*where, own.size)] = own
+        if own.size == size:
+            return own
+        stack = self.stacks[(*where, size)] = StackedWorker(worker, size, within=own)
         return stack
 
 
@@ -239,6 +412,9 @@ class ProcessGroup(Executor):
 
     def train(self, work: Work) -> Iterator[Outcome]:
         return self.inner.train(work)
+
+    def facts(self) -> dict[str, float]:
+        return self.inner.facts()
 
     def gather(self, work: Work, agg: Aggregator, result: RoundResult) -> dict[int, State]:
         mine = {
@@ -286,8 +462,9 @@ class ProcessGroup(Executor):
 
 def default_executor(local: LocalConfig) -> Executor:
     """The executor of a run in this process: one client at a time, or vectorised groups
-    (``model.vectorize > 1``); each process its share inside a ``torch.distributed`` process group."""
-    inner: Executor = Vectorized(local.vectorize) if local.vectorize > 1 else Sequential()
+    (``model.vectorize`` above 1 or auto); each process its share inside a ``torch.distributed`` process
+    group."""
+    inner: Executor = Vectorized(local.vectorize) if local.vectorized else Sequential()
     return ProcessGroup(inner) if is_distributed() else inner
 
 

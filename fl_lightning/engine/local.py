@@ -12,7 +12,7 @@ same functions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData
+from fl_lightning.engine.calibrate import CPU_MODES
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sharpness import clip_grads_
 from fl_lightning.functional.tensor import (
@@ -103,7 +104,8 @@ def evaluate(module: nn.Module, batches: Any, metrics: TaskMetrics, precision: A
     was_training = module.training
     module.eval()
     device = module_device(module)
-    metrics.to(device)
+    if metrics.device != device:
+        metrics.to(device)
     ctx = precision.val_step_context() if precision is not None else contextlib.nullcontext()
     with ctx:
         for batch in batches:
@@ -112,6 +114,30 @@ def evaluate(module: nn.Module, batches: Any, metrics: TaskMetrics, precision: A
                 x = precision.convert_input(x)
             metrics.update(module(x).float(), y)
     module.train(was_training)
+
+
+@torch.no_grad()
+def outputs_together(module: nn.Module, batches: Sequence[Any], precision: Any = None) -> list[Tensor]:
+    """``module``'s outputs (float) on each of ``batches`` (``(x, y)`` pairs, e.g. several clients' test
+    batches), computed as :func:`evaluate` computes them but in one forward for all of them (eval mode,
+    restored after; moved to ``module``'s device; the precision plugin's evaluation context and input
+    conversion). For a model whose evaluation treats each sample on its own (no batch statistics)."""
+    if not batches:
+        return []
+    was_training = module.training
+    module.eval()
+    device = module_device(module)
+    ctx = precision.val_step_context() if precision is not None else contextlib.nullcontext()
+    try:
+        with ctx:
+            xs = [to_device(b[0], device) for b in batches]
+            x = torch.cat(xs)
+            if precision is not None:
+                x = precision.convert_input(x)
+            out = module(x).float()
+    finally:
+        module.train(was_training)
+    return list(out.split([len(t) for t in xs]))
 
 
 @dataclass
@@ -126,8 +152,9 @@ class LocalConfig:
     grad_clip_norm: float | None = None
     seed: int = 0
     compile: bool | str = False
-    vectorize: int = 1
+    vectorize: int | str = 1
     vectorize_memory_gb: float | None = None
+    vectorize_cpu: str = "measure"
 
     def __post_init__(self) -> None:
         """Refuse a bad value with one line naming its ``model.<field>`` (as the config spells it)."""
@@ -155,13 +182,24 @@ class LocalConfig:
                 "(default, reduce-overhead, max-autotune)"
             )
         v = self.vectorize
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"model.vectorize={v!r} must be an integer >= 1 (1: one client at a time)")
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(
+                f"model.vectorize={v!r} must be an integer >= 1 (1: one client at a time) or auto"
+            )
+        if self.vectorize_cpu not in CPU_MODES:
+            raise ConfigError(
+                f"model.vectorize_cpu={self.vectorize_cpu!r} must be one of {', '.join(CPU_MODES)}"
+            )
         if self.vectorize_memory_gb is not None:
             hint = "or null: automatic"
             check_number(
                 self.vectorize_memory_gb, "model.vectorize_memory_gb", low=0, low_open=True, hint=hint
             )
+
+    @property
+    def vectorized(self) -> bool:
+        """Whether clients may train in vectorised groups (``model.vectorize`` auto or above 1)."""
+        return self.vectorize == "auto" or int(self.vectorize) > 1
 
     def compile_mode(self, device: torch.device) -> str | None:
         """The ``torch.compile`` mode of the clients' forward pass (None: eager).
@@ -296,11 +334,13 @@ def start_client(
     round: int,
     config: LocalConfig,
     lr: float,
+    load: bool = True,
 ) -> ClientContext:
-    """Load ``message["weights"]`` into ``worker`` (train mode) and return the client's context for the
-    round, its state moved to the worker's device."""
+    """Load ``message["weights"]`` into ``worker`` (train mode; not if ``load`` is false: weights loaded
+    next anyway) and return the client's context for the round, its state moved to the worker's device."""
     device = module_device(worker)
-    load_tensors(worker, message.get("weights", {}))
+    if load:
+        load_tensors(worker, message.get("weights", {}))
     state = {k: v.to(device) for k, v in state.items()}
     worker.train()
     return ClientContext(
@@ -341,16 +381,26 @@ def client_result(
     config: LocalConfig,
     precision: Any = None,
     eval_metrics: TaskMetrics | None = None,
+    evaluated: Sequence[tuple[Tensor, Tensor]] | None = None,
 ) -> ClientResult:
     """The end of a client's work after its local steps: upload, metrics, local evaluation
-    (``bytes_down`` counts ``message``, what the server sent, whatever the hooks made of ``ctx.message``)."""
+    (``bytes_down`` counts ``message``, what the server sent, whatever the hooks made of ``ctx.message``).
+
+    ``evaluated``: the trained model's ``(outputs, targets)`` on the local test split, batch by batch as
+    :func:`evaluate` takes them, computed already (a vectorised group evaluates its clients together); None:
+    evaluate ``worker`` here.
+    """
     upload = strategy.upload(worker, ctx)
     upload = strategy.process_upload(upload, ctx)  # clipping/noise/compression: bytes_up counts this
     metrics = worker.train_stats()
     train_state = worker.train_state()
     if eval_metrics is not None and data.test_idx.numel() > 0:
         eval_metrics.reset()
-        evaluate(worker, data.eval_batches(config.batch_size * 4), eval_metrics, precision)
+        if evaluated is None:
+            evaluate(worker, data.eval_batches(eval_batch_size(config)), eval_metrics, precision)
+        else:
+            for outputs, target in evaluated:
+                eval_metrics.update(outputs, target)
         metrics.update({f"local_{k}": v for k, v in eval_metrics.compute().items()})
     return ClientResult(
         ctx.client_id,
@@ -362,6 +412,11 @@ def client_result(
         payload_bytes(upload),
         train_state,
     )
+
+
+def eval_batch_size(config: LocalConfig) -> int:
+    """The batch size of a freshly trained client's evaluation on its local test split."""
+    return config.batch_size * 4
 
 
 def compile_worker(worker: nn.Module, mode: str | None) -> None:

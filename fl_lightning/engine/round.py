@@ -688,6 +688,7 @@ class Engine:
                 "dropped_out": len(plan.dropped_out),
                 "client_steps": dict(plan.steps),
             }
+        facts = self.executor.facts() if self.executor is not None else {}
         return {
             "round": round,
             "clients": len(result.info.sampled),
@@ -700,7 +701,8 @@ class Engine:
             **result.train_metrics,
             **({"strategy": reported} if reported else {}),  # e.g. privacy/epsilon
             **({} if result.peak_memory_gb is None else {"peak_memory_gb": result.peak_memory_gb}),
-            **({"vectorised_clients": result.vectorised} if self.config.local.vectorize > 1 else {}),
+            **({"vectorised_clients": result.vectorised} if self.config.local.vectorized else {}),
+            **({"vectorize": facts} if facts else {}),  # how the local work ran (model.vectorize)
             **simulated,
             "this_run": True,
         }

@@ -140,6 +140,11 @@ class Executor(ABC):
     def evaluate(self, work: Work) -> Evaluation:
         """The deployed model of each client of ``work`` on its local test split, and their merge."""
 
+    def facts(self) -> dict[str, float]:
+        """Scalars on how the round's local work ran, for the round's record (default: none); e.g. the
+        vectorised executor's ``vectorize/*``."""
+        return {}
+
     def notice(self, text: str, key: str | None = None) -> None:
         """Log ``text`` once per run (or only the first text of ``key``): a run slower than asked."""
         key = text if key is None else key

@@ -114,14 +114,19 @@ class FederatedModule(LightningModule):
             ``vectorize`` > 1 the vectorised group's forward (vmap over the stacked parameters) is
             compiled instead.
         vectorize: Train up to this many of a round's clients together as one batched computation
-            (``torch.func.vmap`` over stacked parameters; each process its own share under DDP): the
-            same results as one at a time within float tolerance, faster where a client's small-batch
-            step is launch-bound (GPUs). 1 (default): one client at a time. Strategies
-            or models that cannot be vectorised (see README, "Vectorised clients") train one at a time
-            with a one-line notice.
+            (``torch.func.vmap`` over stacked parameters, or a batched linear chain; each process its own
+            share under DDP): the same results as one at a time within float tolerance, faster where a
+            client's small-batch step is launch-bound (GPUs) or overhead-bound (small clients on a CPU).
+            1 (default): one client at a time. ``auto``: all of the round's clients, as many as the memory
+            budget allows. Strategies or models that cannot be vectorised (see README, "Vectorised
+            clients") train one at a time with a one-line notice.
         vectorize_memory_gb: Device memory budget in GiB of a vectorised group; the group size is
             ``vectorize`` or fewer clients to fit (an estimate from the model size and one forward's
-            saved activations). None: 80% of the free memory of a CUDA device, no bound on the CPU.
+            saved activations). None: 80% of the free memory of a CUDA device, half the host's available
+            memory on the CPU.
+        vectorize_cpu: On a CPU, ``measure`` (default): the first round times clients one at a time and
+            batched, and the run goes on the faster way (logged, and in ``summary.json`` as
+            ``vectorize/*``); ``batched`` or ``one_at_a_time`` pins the choice.
     """
 
     def __init__(
@@ -145,8 +150,9 @@ class FederatedModule(LightningModule):
         state_dir: str | None = None,
         threads_per_process: int | None = None,
         compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
-        vectorize: int = 1,
+        vectorize: int | Literal["auto"] = 1,
         vectorize_memory_gb: float | None = None,
+        vectorize_cpu: Literal["measure", "batched", "one_at_a_time"] = "measure",
     ) -> None:
         super().__init__()
         if state_memory_mb is not None:
@@ -175,6 +181,7 @@ class FederatedModule(LightningModule):
             compile=compile,
             vectorize=vectorize,
             vectorize_memory_gb=vectorize_memory_gb,
+            vectorize_cpu=vectorize_cpu,
         )
         config = EngineConfig(
             local,
@@ -332,7 +339,7 @@ class FederatedModule(LightningModule):
         dm = self.datamodule
         dm.to(self.device)
         self.engine.num_rounds = self.trainer.max_steps
-        if self.engine.config.local.vectorize > 1 and self.device.type != "cuda":
+        if self.engine.config.local.vectorized and self.device.type != "cuda":
             log.info("model.vectorize: peak device memory (round/peak_memory_gb) is logged on CUDA only")
         if self.global_step == 0:
             self._log_partition(dm)
@@ -361,6 +368,7 @@ class FederatedModule(LightningModule):
                     if "vectorised_clients" in record
                     else {}
                 ),
+                **record.get("vectorize", {}),  # how model.vectorize ran: batched, speedup, fused SGD
             },
             on_step=True,
             on_epoch=False,

@@ -25,8 +25,9 @@ def lstm_unrolled(lstm: nn.LSTM, x: Tensor) -> Tensor:
         h = pre.new_zeros(pre.shape[0], lstm.hidden_size)
         c = torch.zeros_like(h)
         steps = []
-        for t in range(pre.shape[1]):
-            i, f, g, o = (pre[:, t] + torch.nn.functional.linear(h, w_hh)).chunk(4, dim=-1)
+        # unbind, not pre[:, t]: the backward of T selects would write T zero-filled [B, T, 4H] gradients
+        for pre_t in pre.unbind(1):
+            i, f, g, o = (pre_t + torch.nn.functional.linear(h, w_hh)).chunk(4, dim=-1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
             steps.append(h)

@@ -128,7 +128,13 @@ def test_two_processes_with_vectorised_clients_match_one_sequential_process(tmp_
     """Each process vectorises its own share of the round (here 2 of 3 clients on one, 1 on the other)."""
     monkeypatch.syspath_prepend(str(TESTS))
     one = _run(tmp_path / "one", 1, "--model.strategy=Scaffold")
-    two = _run(tmp_path / "two", 2, "--model.strategy=Scaffold", "--model.vectorize=4")
+    two = _run(
+        tmp_path / "two",
+        2,
+        "--model.strategy=Scaffold",
+        "--model.vectorize=4",
+        "--model.vectorize_cpu=batched",
+    )
     _assert_same_run(one, two)
     # the process with 2 of the round's 3 clients trained them as one group, every round
     assert [r["vectorised_clients"] for r in two["fl_lightning"]["history"]] == [2, 2, 2]

@@ -85,7 +85,7 @@ def _work(strategy: Strategy | None = None, clients=(0, 2), test_fraction: float
         data=data.clients,
         message=lambda cid: sent,
         state=lambda cid: {},
-        local=LocalConfig(batch_size=8, **{"local_steps": 3, "seed": 0, **local}),
+        local=LocalConfig(batch_size=8, **{"local_steps": 3, "seed": 0, "vectorize_cpu": "batched", **local}),
         precision=None,
         worker=lambda: worker,
         metrics=lambda: TaskMetrics("multiclass", 10),

@@ -13,10 +13,11 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.strategy import StrategyWrapper
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine import vectorized
+from fl_lightning.engine import batched, executors, vectorized
+from fl_lightning.engine.local import outputs_together
 from fl_lightning.engine.vectorized import StackedWorker, group_size, stack_payloads, stack_states
 from fl_lightning.errors import ConfigError
-from fl_lightning.models import MLP, Decomposed, SmallCNN, Tensorized
+from fl_lightning.models import MLP, Decomposed, LogisticRegression, SmallCNN, Tensorized
 from fl_lightning.strategies import FedAvg, get_strategy
 from fl_lightning.strategies.plugins import (
     DP,
@@ -83,6 +84,10 @@ class ClientLog(FederatedCallback):
 def _net(kind: str) -> nn.Module:
     if kind == "mlp":
         return MLP(in_features=64, num_classes=10, hidden=(16,))
+    if kind == "mlp2":
+        return MLP(in_features=64, num_classes=10, hidden=(32, 16))
+    if kind == "logistic":
+        return LogisticRegression(input_dim=64, num_outputs=10)
     if kind == "cp":
         return Tensorized(SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16), ratio=2.0)
     if kind == "decomposed":
@@ -90,7 +95,17 @@ def _net(kind: str) -> nn.Module:
     return SmallCNN(in_channels=1, num_classes=10, width=4, hidden=16)
 
 
-def _fit(tmp_path, strategy, vectorize: int, net: str = "cnn", rounds: int = 3, lr: float = 0.1, **kw):
+def _fit(
+    tmp_path,
+    strategy,
+    vectorize: int | str,
+    net: str = "cnn",
+    rounds: int = 3,
+    lr: float = 0.1,
+    precision: str = "32-true",
+    data_kw: dict | None = None,
+    **kw,
+):
     """``rounds`` rounds on 4 Dirichlet clients of unequal size: unequal step counts, ragged last batches,
     SGD with momentum and weight decay, per-round lr decay. ``strategy``: a registered name, or
     ``(label, factory)``."""
@@ -105,8 +120,10 @@ def _fit(tmp_path, strategy, vectorize: int, net: str = "cnn", rounds: int = 3, 
     module.client.net = _net(net)
     module.client.lr = lr
     log = ClientLog()
-    trainer = make_trainer(tmp_path / f"{label}-{vectorize}", rounds=rounds, callbacks=[log])
-    trainer.fit(module, datamodule=make_data())
+    trainer = make_trainer(
+        tmp_path / f"{label}-{vectorize}", rounds=rounds, callbacks=[log], precision=precision
+    )
+    trainer.fit(module, datamodule=make_data(**(data_kw or {})))
     return module, log
 
 
@@ -136,20 +153,18 @@ def _vectorised(module) -> bool:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_vectorised_clients_equal_sequential_clients(tmp_path, monkeypatch, strategy):
-    """Under vmap (the accelerator path; the other tests run the CPU's per-client forward)."""
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
+def test_vectorised_clients_equal_sequential_clients(tmp_path, strategy):
+    """SmallCNN: under vmap (the path of networks that are not linear chains)."""
     seq, vec = _fit(tmp_path, strategy, 1), _fit(tmp_path, strategy, 4)
     assert seq[0].engine.executor.counts["vectorised"] == 0 and _vectorised(vec[0])
     _assert_same(seq, vec)
 
 
 @pytest.mark.parametrize("plugin", list(PLUGINS))
-def test_vectorised_plugins_equal_sequential_clients(tmp_path, monkeypatch, plugin):
+def test_vectorised_plugins_equal_sequential_clients(tmp_path, plugin):
     """Plug-ins whose own work is on the server or in upload/process_upload/adapt (per client): the
     vectorised run equals the sequential one (DP's noise too: it is drawn on the aggregate from a
     seeded generator)."""
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     build, net = PLUGINS[plugin]
     seq, vec = _fit(tmp_path, (plugin, build), 1, net), _fit(tmp_path, (plugin, build), 4, net)
     assert seq[0].engine.executor.counts["vectorised"] == 0 and _vectorised(vec[0])
@@ -165,9 +180,69 @@ def test_vectorised_mlp_and_decomposed_layers(tmp_path, strategy, net):
     _assert_same(seq, vec)
 
 
+#: Float64 runs: ``(strategy, net, client_kw, kw, hold_back)``. The MLPs run as a batched linear chain: its
+#: SGD step fused into the backward (plain SGD, FedAvg and its server-side variants), and held back as
+#: low-rank updates where ``hold_back`` (``DEFER_BYTES`` 0: every layer); or returning gradients (momentum,
+#: Adam, clipping, strategies with local terms or gradient hooks). SmallCNN runs under vmap.
+FLOAT64 = {
+    "fused": ("FedAvg", "mlp2", {"momentum": 0.0}, {}, False),
+    "fused-held-back": ("FedAvg", "mlp2", {"momentum": 0.0, "weight_decay": 0.0}, {}, True),
+    "fused-FedAdam-logistic": ("FedAdam", "logistic", {"momentum": 0.0}, {}, True),
+    "momentum": ("FedAvg", "mlp2", {}, {}, True),
+    "clipping": ("FedAvg", "mlp2", {"momentum": 0.0}, {"grad_clip_norm": 0.5}, True),
+    "adam": ("FedAvg", "mlp2", {"optimizer": "adam"}, {"lr": 0.01}, True),
+    "FedProx": ("FedProx", "mlp2", {}, {}, True),
+    "Scaffold": ("Scaffold", "mlp2", {"momentum": 0.0}, {}, True),
+    "FedSAM": ("FedSAM", "mlp2", {}, {}, True),
+    "vmap-cnn": ("FedAvg", "cnn", {}, {}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOAT64))
+def test_vectorised_clients_equal_one_at_a_time_in_float64(tmp_path, monkeypatch, case):
+    """The same weights, client states and metrics as one client at a time, to 1e-9 in float64: 5 clients
+    of unequal sizes (unequal step counts: a client's weights are taken when its own last step is done),
+    in groups of 3 and of 2 (a stack within the stack of 3)."""
+    strategy, net, client_kw, kw, hold_back = FLOAT64[case]
+    monkeypatch.setattr(batched, "DEFER_BYTES", 0 if hold_back else 2**40)
+    run = {"net": net, "precision": "64-true", "client_kw": client_kw, "data_kw": {"num_clients": 5}, **kw}
+    seq, vec = _fit(tmp_path, strategy, 1, **run), _fit(tmp_path, strategy, 3, **run)
+    assert _vectorised(vec[0]) and next(iter(global_weights(vec[0]).values())).dtype == torch.float64
+    (full, within) = sorted(vec[0].engine.executor.stacks.values(), key=lambda s: -s.size)
+    assert (full.size, within.size) == (3, 2) and within.within is full
+    assert full.chained == (net != "cnn")
+    fused = vec[0].history[-1]["vectorize"]["vectorize/fused_sgd"]
+    assert fused == float(case.startswith("fused"))
+    _assert_same(seq, vec, atol=1e-9)
+
+
+@pytest.mark.parametrize(("plugin", "together"), [(None, True), ("FineTune", False)])
+def test_deployed_models_evaluate_together_with_the_metrics_of_one_at_a_time(
+    tmp_path, monkeypatch, plugin, together
+):
+    """Every client deploys the global model: their test batches go through it together (several clients
+    per forward), each client's metrics as one at a time; a strategy that adapts the model per client
+    (FineTune) evaluates one at a time."""
+    calls = []
+    monkeypatch.setattr(executors, "outputs_together", lambda *a: calls.append(1) or outputs_together(*a))
+    strategy = ("FineTune", lambda: FineTune(FedAvg(), epochs=1)) if plugin else "FedAvg"
+    seq, vec = _fit(tmp_path, strategy, 1, "mlp", rounds=1), _fit(tmp_path, strategy, 4, "mlp", rounds=1)
+    a, b = seq[0].final_client_metrics(), vec[0].final_client_metrics()
+    assert a.keys() == b.keys() == {0, 1, 2, 3} and bool(calls) == together
+    for cid in a:
+        assert b[cid] == pytest.approx(a[cid], rel=1e-5)
+
+
+def test_auto_trains_the_rounds_clients_together_within_the_memory_budget(tmp_path):
+    vec = _fit(tmp_path, "FedAvg", "auto", "mlp", rounds=2, data_kw={"num_clients": 5})
+    assert vec[0].engine.executor.max_group == 5 and _vectorised(vec[0])
+    assert vec[0].history[-1]["vectorize"]["vectorize/group_size"] == 5.0
+    small = _fit(tmp_path / "small", "FedAvg", "auto", "cnn", rounds=1, vectorize_memory_gb=1e-4)
+    assert 1 <= small[0].engine.executor.max_group < 4  # ~100 KiB: fewer than the round's 4 clients
+
+
 @pytest.mark.parametrize("strategy", ["FedProx", "FedDC", "FedSAM", "FedSMOO"])
-def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, strategy):
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
+def test_vectorised_decomposed_layers_other_strategies(tmp_path, strategy):
     seq, vec = _fit(tmp_path, strategy, 1, "decomposed"), _fit(tmp_path, strategy, 4, "decomposed")
     assert _vectorised(vec[0])
     # FedDC's drift feeds each round's float32 rounding (vmap's batched convolutions sum in another
@@ -176,23 +251,22 @@ def test_vectorised_decomposed_layers_other_strategies(tmp_path, monkeypatch, st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "vmap"), [("FedAvg", True), ("FedSAM", True), ("FedAvg", False)])
-def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, monkeypatch, strategy, vmap):
-    """model.compile compiles the vmapped forward (or on the CPU path the per-client one) once per stack:
-    after a compiled forward's first call, compiling it again (e.g. for a ragged last batch's new shape)
-    is an error (stance ``fail_on_recompile``) that the run does not survive, and the compiled code is
-    what ran (the profiler's "Torch-Compiled Region" events). Public torch APIs only: ``torch._dynamo``'s
-    config and counters change between releases."""
+@pytest.mark.parametrize("strategy", ["FedAvg", "FedSAM"])
+def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, monkeypatch, strategy):
+    """model.compile compiles the vmapped forward once per stack (a linear chain too: compiled, it runs
+    under vmap): after a compiled forward's first call, compiling it again (e.g. for a ragged last batch's
+    new shape) is an error (stance ``fail_on_recompile``) that the run does not survive, and the compiled
+    code is what ran (the profiler's "Torch-Compiled Region" events). Public torch APIs only:
+    ``torch._dynamo``'s config and counters change between releases."""
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", vmap)
     seq = _fit(tmp_path, strategy, 1, "mlp", rounds=2)
     compile_forward = StackedWorker.compile_forward
 
     def compile_once(stack, mode):
         compile_forward(stack, mode)
         if mode is not None:
-            stack._stacked_fn, stack._one_fn = _no_compile_after_first_call(stack._stacked_fn, stack._one_fn)
+            (stack._stacked_fn,) = _no_compile_after_first_call(stack._stacked_fn)
 
     monkeypatch.setattr(StackedWorker, "compile_forward", compile_once)
     torch.compiler.reset()
@@ -231,9 +305,8 @@ def _no_compile_after_first_call(*fns):
     return tuple(wrap(fn) for fn in fns)
 
 
-def test_padding_to_the_batch_size_masks_the_padding_out(monkeypatch):
+def test_padding_to_the_batch_size_masks_the_padding_out():
     """A compiled stack pads every batch to the full batch size (one shape): the same losses."""
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", True)
     torch.manual_seed(0)
     worker = ClientModule(_net("mlp"), lr=0.1)
     stack = StackedWorker(worker, 2)
@@ -389,7 +462,7 @@ def test_resume_mid_run_with_vectorised_clients(tmp_path):
 # ------------------------------------------------------------------------------------ options
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
 def test_vectorize_must_be_a_positive_integer(bad):
-    with pytest.raises(ConfigError, match=r"model.vectorize=.* must be an integer >= 1"):
+    with pytest.raises(ConfigError, match=r"model.vectorize=.* must be an integer >= 1 .* or auto"):
         make_module(vectorize=bad)
 
 
@@ -403,7 +476,8 @@ def test_memory_budget_bounds_the_group_size(tmp_path):
     data = make_data()
     data.setup()
     worker = ClientModule(_net("cnn"))
-    assert group_size(8, worker, data.clients[0], 32, None) == (8, "no memory budget on the CPU")
+    size, note = group_size(8, worker, data.clients[0], 32, None)  # half the host's available memory
+    assert size == 8 and "MiB per client" in note
     size, note = group_size(8, worker, data.clients[0], 32, 1e-4)  # ~100 KiB: fewer than 8 fit
     assert 1 <= size < 8 and "MiB per client" in note
     assert group_size(8, worker, data.clients[0], 32, 100.0)[0] == 8
@@ -413,11 +487,12 @@ def test_memory_budget_bounds_the_group_size(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ pieces
-@pytest.mark.parametrize("vmap", [True, False])
-def test_stacked_worker_outputs_each_clients_own_network(monkeypatch, vmap):
-    monkeypatch.setattr(vectorized, "VMAP_ON_CPU", vmap)
-    worker = ClientModule(_net("cnn"))
+@pytest.mark.parametrize("net", ["cnn", "mlp"])
+def test_stacked_worker_outputs_each_clients_own_network(net):
+    """Under vmap (SmallCNN) and as a batched linear chain (MLP, on the CPU)."""
+    worker = ClientModule(_net(net))
     stack = StackedWorker(worker, 3)
+    assert stack.uses_chain(torch.device("cpu")) == (net == "mlp")
     assert [n for n, _ in stack.named_parameters()] == [n for n, _ in worker.named_parameters()]
     with torch.no_grad():
         for p in stack.parameters():
@@ -459,6 +534,40 @@ def test_vectorised_clients_equal_sequential_clients_on_cuda(tmp_path, strategy)
 
     seq, vec = fit(1), fit(4)
     assert _vectorised(vec) and vec.history[-1]["peak_memory_gb"] > 0
+    wa, wb = global_weights(seq), global_weights(vec)
+    for k in wa:
+        torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("client_kw", "hold_back"), [({}, False), ({"momentum": 0.0}, False), ({"momentum": 0.0}, True)]
+)
+def test_the_linear_chain_on_cuda_equals_sequential_clients(tmp_path, monkeypatch, client_kw, hold_back):
+    """The CPU's batched linear chain (returning gradients with momentum; the SGD step fused; held back as
+    low-rank updates) runs on CUDA too, where vmap is the default."""
+    monkeypatch.setattr(batched, "CHAIN_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(batched, "DEFER_BYTES", 0 if hold_back else 2**40)
+
+    def fit(vectorize):
+        module = make_module(
+            FedAvg(),
+            client_kw={"momentum": 0.9, "weight_decay": 0.0, **client_kw},
+            local_steps=None,
+            local_epochs=1,
+            vectorize=vectorize,
+        )
+        torch.manual_seed(0)
+        module.client.net = _net("mlp2")
+        make_trainer(tmp_path / str(vectorize), rounds=2, accelerator="gpu").fit(
+            module, datamodule=make_data()
+        )
+        return module
+
+    seq, vec = fit(1), fit(4)
+    (stack,) = vec.engine.executor.stacks.values()
+    assert _vectorised(vec) and stack.chained
+    assert vec.history[-1]["vectorize"]["vectorize/fused_sgd"] == float(client_kw.get("momentum", 0.9) == 0)
     wa, wb = global_weights(seq), global_weights(vec)
     for k in wa:
         torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
