@@ -42,6 +42,7 @@ import json, os, sys, time
 opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
 if "model.wait" in opts:
     try:
+        open(os.path.join(opts["trainer.default_root_dir"], "waiting"), "w").close()  # for the test's signal
         time.sleep(float(opts["model.wait"]))
     except KeyboardInterrupt:  # Ctrl-C: stop as fit does, leaving a mark
         open(os.path.join(opts["trainer.default_root_dir"], "interrupted"), "w").close()

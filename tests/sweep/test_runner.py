@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import pytest
 import yaml
@@ -108,7 +109,14 @@ def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fa
         run.folder.mkdir(parents=True)
         (run.folder / "sweep.json").write_text(json.dumps({"returncode": 2, "error": "error: old"}))
     previous = signal.getsignal(signal.SIGTERM)
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+
+    def stop_once_both_wait() -> None:  # SIGTERM once both runs wait (a fixed delay raced a slow start)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all((r.folder / "waiting").exists() for r in runs):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Thread(target=stop_once_both_wait, daemon=True)
     timer.start()
     outcome, interrupted = execute(sweep, runs, jobs=2, threads=1, extra=[])
     assert interrupted and outcome == {}
