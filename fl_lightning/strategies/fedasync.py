@@ -8,9 +8,9 @@ from torch import Tensor, nn
 
 from fl_lightning.api import DELTA, AsyncStrategy, ClientContext, Payload, register_strategy
 from fl_lightning.errors import ConfigError, check_number
-from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.staleness import STALENESS, scaled_difference, staleness_weight
-from fl_lightning.functional.tensor import proximal_terms, shared_state
+from fl_lightning.functional.tensor import shared_state
+from fl_lightning.strategies.fedprox import keep_proximal_anchor, proximal_loss
 
 _TERMS = "fedasync/terms"
 
@@ -67,19 +67,13 @@ class FedAsync(AsyncStrategy):
     # ------------------------------------------------------------------------------ client side
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
-        anchor = ctx.message["weights"]
-        named = trainable_parameters(module, anchor)
-        ctx.scratch[_TERMS] = (list(named.values()), [anchor[n] for n in named])
+        keep_proximal_anchor(module, ctx, _TERMS)
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
         """``rho/2 ||z - x_tau||^2`` (none with ``rho = 0``)."""
         if self.rho == 0:
             return None
-        terms = ctx.scratch.get(_TERMS)
-        if terms is None:  # a context built outside the round loop
-            named = trainable_parameters(module, ctx.message["weights"])
-            terms = (list(named.values()), [ctx.message["weights"][n] for n in named])
-        return self.rho * proximal_terms(*terms)
+        return self.rho * proximal_loss(module, ctx, _TERMS)
 
     # ------------------------------------------------------------------------------ server side
     def mixing_weight(self, staleness: int) -> float:

@@ -14,6 +14,25 @@ from fl_lightning.functional.tensor import proximal_terms
 _TERMS = "fedprox/terms"
 
 
+def _anchor_terms(module: nn.Module, ctx: ClientContext) -> tuple[list[Tensor], list[Tensor]]:
+    anchor = ctx.message["weights"]
+    named = trainable_parameters(module, anchor)
+    return list(named.values()), [anchor[n] for n in named]
+
+
+def keep_proximal_anchor(module: nn.Module, ctx: ClientContext, key: str) -> None:
+    """Keep the trainable parameters and the received weights they are pulled towards in ``ctx.scratch[key]``
+    (once per client; :func:`proximal_loss` reads them every step)."""
+    ctx.scratch[key] = _anchor_terms(module, ctx)
+
+
+def proximal_loss(module: nn.Module, ctx: ClientContext, key: str) -> Tensor:
+    """``1/2 ||w - w_received||^2`` over the trainable parameters (FedProx Sec. 3, Eq. 2, without mu), from
+    the terms :func:`keep_proximal_anchor` kept (built here for a context made outside the round loop)."""
+    terms = ctx.scratch.get(key)
+    return proximal_terms(*(terms if terms is not None else _anchor_terms(module, ctx)))
+
+
 @register_strategy
 class FedProx(Strategy):
     """FedProx, Li et al. (2020), Sec. 3, eq. (2): local objective with a proximal term.
@@ -40,18 +59,12 @@ class FedProx(Strategy):
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
-        anchor = ctx.message["weights"]
-        named = trainable_parameters(module, anchor)
-        ctx.scratch[_TERMS] = (list(named.values()), [anchor[n] for n in named])
+        keep_proximal_anchor(module, ctx, _TERMS)
 
     def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
         if self.mu == 0:
             return None
-        terms = ctx.scratch.get(_TERMS)
-        if terms is None:  # a context built outside the round loop
-            named = trainable_parameters(module, ctx.message["weights"])
-            terms = (list(named.values()), [ctx.message["weights"][n] for n in named])
-        return self.mu * proximal_terms(*terms)
+        return self.mu * proximal_loss(module, ctx, _TERMS)
 
     def extra_repr(self) -> str:
         return f"mu={self.mu}, server_lr={self.server_lr}"
