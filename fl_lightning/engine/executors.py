@@ -45,7 +45,7 @@ from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.engine.batched import gradient_hooks
 from fl_lightning.engine.calibrate import CpuDecision
 from fl_lightning.engine.distributed import assign_clients
-from fl_lightning.engine.local import LocalConfig, evaluate_deployed, outputs_together, train_client
+from fl_lightning.engine.local import LocalConfig, outputs_together, train_client
 from fl_lightning.engine.vectorized import (
     StackedWorker,
     UnvectorizableError,
@@ -108,21 +108,10 @@ class Sequential(Executor):
         weights = {k: v for k, v in work.model.state_dict().items() if v.is_floating_point()}
         merged = work.metrics()
         per: dict[int, dict[str, float]] = {}
-        local = work.local
         metrics = work.metrics()  # one set, reset per client (building a set costs more than evaluating)
         for cid in work.clients:
             metrics.reset()
-            evaluate_deployed(
-                worker,
-                weights,
-                work.strategy,
-                work.data[cid],
-                work.state(cid),
-                local.batch_size,
-                local.eval_batch_size,
-                metrics,
-                work.precision,
-            )
+            work.evaluate_client(worker, weights, cid, metrics)
             per[cid] = metrics.compute()
             merged.merge(metrics)
         return per, merged

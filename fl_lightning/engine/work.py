@@ -24,7 +24,7 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientResult, Payload, RoundResult
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine.local import LocalConfig
+from fl_lightning.engine.local import LocalConfig, evaluate_deployed
 
 if TYPE_CHECKING:
     from fl_lightning.api.strategy import Strategy
@@ -91,6 +91,23 @@ class Work:
         if self.steps is None:
             return None
         return [self.local_for(c).num_steps(self.data[c]) for c in clients]
+
+    def evaluate_client(
+        self, worker: ClientModule, weights: dict[str, Tensor], client_id: int, metrics: TaskMetrics
+    ) -> None:
+        """Client ``client_id``'s deployed model (the global ``weights`` as the strategy deploys them) on its
+        local test split, into ``metrics`` (a client of ``Sequential.evaluate``; a node's evaluation)."""
+        evaluate_deployed(
+            worker,
+            weights,
+            self.strategy,
+            self.data[client_id],
+            self.state(client_id),
+            self.local.batch_size,
+            self.local.eval_batch_size,
+            metrics,
+            self.precision,
+        )
 
     def eval_metrics(self, client_id: int) -> TaskMetrics | None:
         """The metrics of a client's freshly trained model on its local test split (None: it has none)."""

@@ -37,7 +37,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_lightning.api.types import ClientResult
-from fl_lightning.engine.local import check_upload, evaluate_deployed
+from fl_lightning.engine.local import check_upload
 from fl_lightning.engine.work import Work
 from fl_lightning.errors import ConfigError
 from fl_lightning.flower.executor import LOCAL_STEPS, NUM_PARTITIONS, PARTITION_ID, node_answer
@@ -201,18 +201,7 @@ def client_app(
         # TaskMetrics per message costs milliseconds)
         metrics = fed.scratch_metrics()
         weights = {k: v for k, v in work.model.state_dict().items() if v.is_floating_point()}
-        local = work.local
-        evaluate_deployed(
-            work.worker(),
-            weights,
-            work.strategy,
-            work.data[cid],
-            work.state(cid),
-            local.batch_size,
-            local.eval_batch_size,
-            metrics,
-            work.precision,
-        )
+        work.evaluate_client(work.worker(), weights, cid, metrics)
         values = {k: float(v) for k, v in metrics.compute().items()}
         content = RecordDict(
             {
