@@ -20,7 +20,8 @@ subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside f
     2  data | models
                     datasets and partitions | networks (neither imports the other)
     1  functional   pure math on whole parameter groups
-    0  errors, runs ConfigError, RunError, check_number; reading finished run folders
+    0  errors, runs, ConfigError, RunError, check_number; reading finished run folders; the lazy class
+       defaults     defaults that --print_config shows
 
 So there is no cycle between subpackages, and a layer can be read without the ones above it.
 """
@@ -38,6 +39,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fl_lightning"
 LAYERS: dict[str, int] = {
     "errors": 0,
     "runs": 0,
+    "defaults": 0,
     "functional": 1,
     "data": 2,
     "models": 2,

@@ -7,18 +7,18 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
-from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from fl_lightning.api.task import Task
 from fl_lightning.api.types import TrainState
+from fl_lightning.defaults import lazy_default
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.models.cnn import SmallCNN
 
 #: The default network, for the embedded digits data; a lazy instance so ``--print_config`` shows it.
-_DEFAULT_NET = lazy_instance(SmallCNN, in_channels=1, num_classes=10)
+_DEFAULT_NET = lazy_default(SmallCNN, in_channels=1, num_classes=10)
 #: The per-client and per-round training metrics (task loss and accuracy over the local steps).
 TRAIN_METRICS = ("train_loss", "train_acc")
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from jsonargparse import lazy_instance
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -27,6 +26,7 @@ from fl_lightning.data.partition import (
 )
 from fl_lightning.data.shakespeare import ShakespeareData
 from fl_lightning.data.transforms import ClientTransform
+from fl_lightning.defaults import lazy_default
 from fl_lightning.errors import ConfigError, check_number
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class FederatedDataModule(LightningDataModule):
         root: str = "data",
         download: bool = False,
         num_clients: int | None = None,
-        partition: Partitioner = lazy_instance(Dirichlet, alpha=0.5),
+        partition: Partitioner = lazy_default(Dirichlet, alpha=0.5),
         batch_size: int = 32,
         eval_batch_size: int = 512,
         local_test_fraction: float = 0.2,

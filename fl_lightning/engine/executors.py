@@ -53,6 +53,7 @@ from fl_lightning.engine.vectorized import (
     evaluate_stacked,
     finish_client,
     group_size,
+    runs_under_vmap,
     train_stacked,
 )
 from fl_lightning.engine.work import Evaluation, Executor, Outcome, State, Work
@@ -309,6 +310,15 @@ class Vectorized(Sequential):
             self.decision = CpuDecision(work.local.vectorize_cpu, size)
             if self.decision.batched is False:
                 log.info("model.vectorize=%s: clients train one at a time (model.vectorize_cpu)", self.size)
+            elif self.decision.measuring:
+                why = runs_under_vmap(worker, work.local, work.precision)
+                if why is not None:  # measured slower than one at a time on CPUs: see engine/calibrate.py
+                    self.decision.rule(
+                        f"a group would run under torch.func.vmap ({why}), which measured slower than one "
+                        "client at a time on CPUs (engine/calibrate.py); model.vectorize_cpu=batched "
+                        "batches it anyway"
+                    )
+                    self._decided(self.decision)
         return self.decision
 
     def _decided(self, decision: CpuDecision) -> None:
@@ -318,9 +328,10 @@ class Vectorized(Sequential):
                 "model.vectorize=%s: groups train batched on this CPU: %s", self.size, decision.describe()
             )
         else:
+            where = "" if decision.reason is not None else ", where batching does not pay"
             self.notice(
-                f"model.vectorize={self.size}: clients train one at a time on this CPU, where batching "
-                f"does not pay: {decision.describe()}"
+                f"model.vectorize={self.size}: clients train one at a time on this CPU{where}: "
+                f"{decision.describe()}"
             )
             self.stacks.clear()
 

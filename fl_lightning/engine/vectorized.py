@@ -59,7 +59,14 @@ from fl_lightning.api.strategy import cannot_vectorize as strategy_cannot_vector
 from fl_lightning.api.strategy import vector_scratch
 from fl_lightning.api.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData, take_stacked
-from fl_lightning.engine.batched import ChainRun, chain_runs_on, fusion_blocker, gradient_hooks, linear_chain
+from fl_lightning.engine.batched import (
+    CHAIN_DEVICES,
+    ChainRun,
+    chain_runs_on,
+    fusion_blocker,
+    gradient_hooks,
+    linear_chain,
+)
 from fl_lightning.engine.calibrate import host_memory_budget
 from fl_lightning.engine.local import (
     LocalConfig,
@@ -120,6 +127,20 @@ def cannot_vectorize(
     if getattr(precision, "scaler", None) is not None:
         return "16-bit mixed precision steps through a gradient scaler"
     return None
+
+
+def runs_under_vmap(worker: ClientModule, config: LocalConfig, precision: Any) -> str | None:
+    """Why a stacked group of ``worker``'s clients would run its forward and backward under
+    ``torch.func.vmap`` rather than as the batched linear chain (None: as the chain); one short clause."""
+    device = module_device(worker)
+    if not chain_runs_on(device):
+        return f"the batched linear chain runs on {', '.join(CHAIN_DEVICES)}, not {device.type}"
+    if config.compile_mode(device) is not None:
+        return "model.compile is set (a compiled group runs under vmap)"
+    if _autocasts(precision, device):
+        return "its training steps run under autocast"
+    chain, why = linear_chain(worker.net)
+    return None if chain is not None else f"its network is not a linear chain: {why}"
 
 
 class StackedWorker(nn.Module):

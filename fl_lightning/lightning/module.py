@@ -7,7 +7,6 @@ import logging
 from typing import Any, Literal
 
 import torch
-from jsonargparse import lazy_instance
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -24,6 +23,7 @@ from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
+from fl_lightning.defaults import lazy_default
 from fl_lightning.engine.attack import SimulatedAttack, as_attack
 from fl_lightning.engine.executors import Executor, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
@@ -44,8 +44,8 @@ log = logging.getLogger("fl_lightning")
 #: ``round``, ``test``, ``train``) instead of first. Plain characters, valid for every Lightning logger.
 CLIENT_PREFIX = "z_client"
 
-_DEFAULT_CLIENT = lazy_instance(ClientModule)
-_DEFAULT_STRATEGY = lazy_instance(FedAvg)
+_DEFAULT_CLIENT = lazy_default(ClientModule)
+_DEFAULT_STRATEGY = lazy_default(FedAvg)
 
 
 class FederatedModule(LightningModule):
@@ -126,7 +126,9 @@ class FederatedModule(LightningModule):
             memory on the CPU.
         vectorize_cpu: On a CPU, ``measure`` (default): the first round times clients one at a time and
             batched, and the run goes on the faster way (logged, and in ``summary.json`` as
-            ``vectorize/*``); ``batched`` or ``one_at_a_time`` pins the choice.
+            ``vectorize/*``; a reading against batching is taken twice); a network that would batch
+            under vmap (not a linear chain) trains one at a time unmeasured; ``batched`` or
+            ``one_at_a_time`` pins the choice.
     """
 
     def __init__(
