@@ -17,7 +17,7 @@ def test_the_same_lazy_instance_as_jsonargparse() -> None:
     ours = lazy_default(Dirichlet, alpha=0.25)
     theirs = lazy_instance(Dirichlet, alpha=0.25)
     assert type(ours) is type(theirs)  # the same class on this module: lazy_instance found the one we made
-    assert type(ours).__module__ == __name__ and getattr(sys.modules[__name__], "LazyInstance_Dirichlet")
+    assert type(ours).__module__ == __name__ and sys.modules[__name__].LazyInstance_Dirichlet is type(ours)
     assert ours.lazy_get_init_data() == theirs.lazy_get_init_data()
     assert ours._args() == Dirichlet(alpha=0.25)._args()  # __init__ ran at the first method call
 
