@@ -507,17 +507,27 @@ def message_start(args: argparse.Namespace, data: Path, repeats: int) -> dict[st
     ``repeats`` (alternating ours and bare): its imports, and building the node's data."""
     ours_import = "import fl_lightning.flower.client_app"
     bare_import = "import torch, flwr.app, flwr.clientapp"
+    # what our client's own imports need from libraries: its module is a LightningModule, its metrics
+    # torchmetrics (whose import loads torchvision's models and scipy), its config jsonargparse's
+    libs_import = bare_import + ", lightning.pytorch, lightning.pytorch.cli, torchmetrics, jsonargparse"
     ours_data = (
         "import time, fl_lightning.flower.federation as f; t = time.perf_counter(); "
         f"f.load_federation({str(RECIPE)!r}, {overrides(args)!r}); print(time.perf_counter() - t)"
     )
     load = f"torch.load({str(data)!r})"
     bare_data = f"import time, torch; t = time.perf_counter(); {load}; print(time.perf_counter() - t)"
-    out: dict[str, list[float]] = {"ours_import": [], "bare_import": [], "ours_data": [], "bare_data": []}
+    out: dict[str, list[float]] = {
+        "ours_import": [],
+        "bare_import": [],
+        "libs_import": [],
+        "ours_data": [],
+        "bare_data": [],
+    }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]), "OMP_NUM_THREADS": "1"}
     for _ in range(repeats):
         out["ours_import"].append(_timed_python(ours_import))
         out["bare_import"].append(_timed_python(bare_import))
+        out["libs_import"].append(_timed_python(libs_import))
         for key, code in (("ours_data", ours_data), ("bare_data", bare_data)):
             res = subprocess.run(
                 [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env
@@ -583,7 +593,8 @@ def deployment(args: argparse.Namespace) -> None:
             print(
                 "    per-message start (a fresh process each): imports "
                 f"ours {start['ours_import']:.2f} s (import fl_lightning.flower.client_app), "
-                f"bare {start['bare_import']:.2f} s (import torch, flwr); "
+                f"bare {start['bare_import']:.2f} s (import torch, flwr); the libraries ours builds on "
+                f"{start['libs_import']:.2f} s (torch, flwr, Lightning, torchmetrics, jsonargparse); "
                 f"data ours {start['ours_data']:.2f} s (the config's run and the node's split), "
                 f"bare {start['bare_data']:.2f} s (torch.load)"
             )
