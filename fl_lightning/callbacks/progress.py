@@ -59,6 +59,7 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
         self._clients = ""
         self._lines = False
         self._pending: int | None = None
+        self._ended: tuple[str, float] | None = None  # the pending round's line values as it ended
         self._started = 0.0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -91,6 +92,8 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
     ) -> None:
         self._log_round(trainer, pl_module)  # a previous round that ran no validation
         self._pending = trainer.global_step
+        if self._lines and trainer.is_global_zero:  # its line as it ended, should no validation follow
+            self._ended = self._line_values(trainer, pl_module)
         bar = self._train_progress_bar
         if bar is not None:  # counted even when not drawn (no terminal): the bar's state is the progress
             bar.n = trainer.global_step
@@ -105,7 +108,7 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._log_round(trainer, pl_module)
+            self._log_round(trainer, pl_module, now=True)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._log_round(trainer, pl_module)
@@ -134,9 +137,18 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=True)
 
     # ------------------------------------------------------------------ lines without a terminal
-    def _log_round(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """The line of the round that ended last, once (INFO every tenth of the run, else DEBUG)."""
+    def _line_values(self, trainer: Trainer, pl_module: LightningModule) -> tuple[str, float]:
+        """The metrics of a round's line, and the seconds since the start of training, as of now."""
+        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "clients"}
+        values = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        return values, time.perf_counter() - self._started
+
+    def _log_round(self, trainer: Trainer, pl_module: LightningModule, now: bool = False) -> None:
+        """The line of the round that ended last, once (INFO every tenth of the run, else DEBUG): as of
+        ``now`` (after its validation), else as it ended (a round without validation is said at the next
+        round's end or at the end of training, with its own metrics and time)."""
         done, self._pending = self._pending, None
+        ended, self._ended = self._ended, None
         if done is None or not self._lines or not trainer.is_global_zero:
             return
         total = trainer.max_steps if trainer.max_steps > 0 else None
@@ -144,8 +156,6 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
         level = logging.INFO if done % every == 0 or done == total else logging.DEBUG
         if not log.isEnabledFor(level):
             return
-        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "clients"}
-        values = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        values, elapsed = self._line_values(trainer, pl_module) if now or ended is None else ended
         where = f"{done}/{total}" if total else str(done)
-        elapsed = time.perf_counter() - self._started
         log.log(level, "round %s: %s (%.1f s)", where, values or "done", elapsed)

@@ -38,3 +38,28 @@ def test_without_a_terminal_a_line_per_tenth_of_the_run_and_every_round_at_debug
     assert bar.train_progress_bar.disable and bar.train_progress_bar.n == 4
     last = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("round 4/4"))
     assert "global/acc" in last and "train/loss" in last
+
+
+def _round_lines(tmp_path, caplog, **kw) -> list[str]:
+    caplog.clear()
+    trainer = make_trainer(
+        tmp_path, rounds=4, enable_progress_bar=True, callbacks=[FederatedProgressBar()], **kw
+    )
+    with caplog.at_level(logging.DEBUG, logger="fl_lightning"):
+        trainer.fit(make_module(), datamodule=make_data())
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
+
+
+def test_a_round_without_validation_is_said_with_its_own_metrics(tmp_path, monkeypatch, caplog):
+    """Validation after the last round only: each round's line (said when the next round ends) holds its
+    own training metrics, as where every round is validated, not the next round's."""
+    monkeypatch.setattr(progress_module, "interactive", lambda stream: False)
+    every = _round_lines(tmp_path / "every", caplog)
+    last = _round_lines(tmp_path / "last", caplog, val_check_interval=4)
+    assert [line.split(":")[0] for line in last] == [f"round {i}/4" for i in range(1, 5)]
+
+    def losses(lines: list[str]) -> list[str]:
+        return [line.split("train/loss ")[1].split(",")[0] for line in lines]
+
+    assert losses(last) == losses(every) and len(set(losses(last))) == 4
+    assert "global/acc" in last[-1] and "global/acc" not in last[0]
