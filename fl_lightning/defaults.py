@@ -3,12 +3,13 @@
 ``jsonargparse.lazy_instance`` finds its caller's module with ``inspect.stack()``, which reads the source
 line of every frame on the stack and, for each frame of a frozen import module, searches all of
 ``sys.modules``: under an import of torch and Lightning (thousands of modules, a deep stack of import
-frames) one call took 0.7 s, and the package's four defaults made ``import fl_lightning`` 2.9 s slower (the
-start of every ``fit``, and of every message under a Flower node's ``subprocess`` isolation).
+frames) the package's four defaults cost about 1.2 s of every ``import fl_lightning`` (``import
+fl_lightning.flower.client_app``: 7.0-8.4 s before, 6.2-7.0 s after, three runs each on the benchmarks'
+machine): the start of every ``fit``, and of every message under a Flower node's ``subprocess`` isolation.
 :func:`lazy_default` builds the same lazy instance (jsonargparse's lazy class, named and attached to the
-caller's module as ``lazy_instance`` does, so it pickles the same way) with the caller's module taken from
-its frame. It relies on jsonargparse's ``_LazyInitBaseClass`` (the base of ``lazy_instance``'s classes;
-pyproject.toml pins jsonargparse below 5); ``tests/test_defaults.py`` checks it against ``lazy_instance``.
+caller's module as ``lazy_instance`` does) with the caller's module taken from its frame. It relies on
+jsonargparse's ``_LazyInitBaseClass`` (the base of ``lazy_instance``'s classes; pyproject.toml pins
+jsonargparse below 5); ``tests/test_defaults.py`` checks it against ``lazy_instance``.
 """
 
 from __future__ import annotations
