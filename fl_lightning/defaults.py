@@ -14,6 +14,7 @@ jsonargparse below 5); ``tests/test_defaults.py`` checks it against ``lazy_insta
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import TypeVar
 
@@ -25,7 +26,8 @@ T = TypeVar("T")
 def lazy_default(class_type: type[T], **kwargs: object) -> T:
     """What ``jsonargparse.lazy_instance(class_type, **kwargs)`` returns: an instance of ``class_type`` whose
     ``__init__`` runs at its first method call and whose ``lazy_get_init_data()`` gives the config."""
-    module = sys.modules[sys._getframe(1).f_globals["__name__"]]
+    caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+    module = sys.modules[caller.f_globals["__name__"]]  # type: ignore[union-attr]
     name = f"LazyInstance_{class_type.__name__}"
     lazy_class = getattr(module, name, None)
     if lazy_class is None:

@@ -42,7 +42,7 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed, world
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.types import ClientResult, RoundResult
-from fl_lightning.engine.batched import gradient_hooks
+from fl_lightning.engine.batched import gradient_hooks, linear_chain
 from fl_lightning.engine.calibrate import CpuDecision
 from fl_lightning.engine.distributed import assign_clients
 from fl_lightning.engine.local import LocalConfig, outputs_together, train_client
@@ -311,7 +311,8 @@ class Vectorized(Sequential):
             if self.decision.batched is False:
                 log.info("model.vectorize=%s: clients train one at a time (model.vectorize_cpu)", self.size)
             elif self.decision.measuring:
-                why = runs_under_vmap(worker, work.local, work.precision)
+                _, not_chain = linear_chain(worker.net)
+                why = runs_under_vmap(not_chain, module_device(worker), work.local, work.precision)
                 if why is not None:  # measured slower than one at a time on CPUs: see engine/calibrate.py
                     self.decision.rule(
                         f"a group would run under torch.func.vmap ({why}), which measured slower than one "

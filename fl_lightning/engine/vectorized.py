@@ -129,18 +129,19 @@ def cannot_vectorize(
     return None
 
 
-def runs_under_vmap(worker: ClientModule, config: LocalConfig, precision: Any) -> str | None:
-    """Why a stacked group of ``worker``'s clients would run its forward and backward under
-    ``torch.func.vmap`` rather than as the batched linear chain (None: as the chain); one short clause."""
-    device = module_device(worker)
+def runs_under_vmap(not_chain: str, device: torch.device, config: LocalConfig, precision: Any) -> str | None:
+    """Why a stacked group would run its forward and backward under ``torch.func.vmap`` rather than as the
+    batched linear chain (None: as the chain); one short clause. ``not_chain`` is why its network is not a
+    linear chain (:func:`~fl_lightning.engine.batched.linear_chain`'s reason; empty: it is one)."""
+    if not_chain:
+        return f"its network is not a linear chain: {not_chain}"
     if not chain_runs_on(device):
         return f"the batched linear chain runs on {', '.join(CHAIN_DEVICES)}, not {device.type}"
     if config.compile_mode(device) is not None:
         return "model.compile is set (a compiled group runs under vmap)"
     if _autocasts(precision, device):
         return "its training steps run under autocast"
-    chain, why = linear_chain(worker.net)
-    return None if chain is not None else f"its network is not a linear chain: {why}"
+    return None
 
 
 class StackedWorker(nn.Module):
@@ -355,7 +356,7 @@ def train_stacked(
         optimizer = local_optimizer(stack, strategy, ctx, config)
         if type(optimizer) not in BATCHED_OPTIMIZERS:
             raise UnvectorizableError(f"the local optimizer {type(optimizer).__name__} is not elementwise")
-        stack.chained = stack.uses_chain(device) and not _autocasts(precision, device)
+        stack.chained = runs_under_vmap(stack.chain_reason, device, config, precision) is None
         if stack.chained:
             fuse(
                 optimizer,
