@@ -15,13 +15,14 @@ from torch import nn
 
 from fl_lightning import ClientModule, FederatedModule
 from fl_lightning.engine.local import LocalConfig, train_client
+from fl_lightning.engine.system import Stragglers
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.models import Decomposed, LeNet
 from fl_lightning.strategies import FedAvg, RoundInfo, Scaffold
 from fl_lightning.strategies import scaffold as scaffold_module
 
-from conftest import global_weights, make_data, make_module
+from conftest import global_weights, make_data, make_engine, make_module
 
 W = "net.weight"
 
@@ -150,6 +151,34 @@ def test_the_held_plain_sgd_runs_are_unchanged_by_the_choice_of_variate(fit):
     assert _equal(a, b)
     ca, cb = a.strategy.control.as_dict(), b.strategy.control.as_dict()
     assert all(torch.equal(ca[k], cb[k]) for k in ca)
+
+
+def test_option_two_divides_by_the_steps_each_client_ran_under_partial_work():
+    # FedProx's stragglers with policy partial and K = 6: half the clients run U{1..5} steps. In round 0
+    # (c = c_i = 0) option II is c_i+ = (x - y_i) / (K_i eta_l), K_i the steps the round's record says client
+    # i ran.
+    seen = {}
+
+    class Seen(Scaffold):
+        vectorizable = Scaffold.vectorizable
+
+        def upload(self, module, ctx):
+            y = {n: p.detach().clone() for n, p in module.named_parameters()}
+            payload = super().upload(module, ctx)
+            seen[ctx.client_id] = (y, {n: ctx.state["control/" + n].clone() for n in y}, ctx.lr)
+            return payload
+
+    strategy = Seen(variate="option_ii", correction="after_step")
+    engine = make_engine(
+        strategy, num_clients=4, local_steps=6, system=Stragglers(fraction=0.5, policy="partial")
+    )
+    x = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    engine.run_round(0)
+    steps = engine.history[0]["client_steps"]
+    assert sorted(steps) == sorted(seen) and min(steps.values()) < 6 == max(steps.values())
+    for cid, (y, control, lr) in seen.items():
+        for n in x:
+            torch.testing.assert_close(control[n], (x[n] - y[n]) / (steps[cid] * lr), msg=f"{cid} {n}")
 
 
 def test_unknown_choices_are_one_line():
