@@ -8,7 +8,8 @@ wrappers around them (``data.partition`` in the YAML config) with a name registr
 Three families are provided:
 
 * **Without replacement** (:func:`iid_partition`, :func:`dirichlet_partition`,
-  :func:`pathological_partition`): every training sample goes to at most one client.
+  :func:`pathological_partition`, :func:`label_quantity_partition`): every training sample goes to at
+  most one client.
 * **With replacement** (:func:`refill_partition` and its wrappers): the FedDyn / FL-Simulator
   sampler used by the FedSMOO paper. Clients have equal sizes, a sample may be held by several
   clients (and, after a class pool is refilled, twice by the same client), and the per-class totals
@@ -16,7 +17,12 @@ Three families are provided:
 * **Natural** (:class:`NaturalUsers`): one client per user of a dataset that has users.
 
 :func:`quantity_skew_partition` (IID labels, unequal sizes) and :func:`mixed_partition` (label and quantity
-skew) are NIID-Bench's quantity and mixed skews (without replacement).
+skew) are NIID-Bench's quantity and mixed skews (without replacement); :func:`label_quantity_partition` is its
+label-quantity skew ``noniid-#label{k}`` (``#C=k``). Two splits give every client ``k`` classes and differ
+in structure: :class:`Pathological` (the FedAvg paper's shards, dealt round-robin: every class has the same
+number of holders, every client the same size) and :class:`LabelQuantity` (NIID-Bench's: client ``i`` holds
+class ``i mod K`` and ``k - 1`` random ones, so classes have unequal numbers of holders and clients unequal
+sizes).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ __all__ = [
     "PARTITIONERS",
     "Dirichlet",
     "DirichletWithReplacement",
+    "LabelQuantity",
     "MixedSkew",
     "NaturalUsers",
     "Partitioner",
@@ -45,6 +52,7 @@ __all__ = [
     "dirichlet_with_replacement",
     "get_partitioner",
     "iid_partition",
+    "label_quantity_partition",
     "list_partitioners",
     "mixed_class_assignment",
     "mixed_partition",
@@ -242,6 +250,10 @@ def pathological_partition(
     clients that hold it. Without replacement: no sample is duplicated and, when ``m*c >= C``, every
     sample is assigned.
 
+    This is *not* NIID-Bench's ``#C=k`` split (:func:`label_quantity_partition`): with 10 clients, 10 classes
+    and ``c = 2`` every class here has exactly two holders, every client the same size, and clients ``i``
+    and ``i + 5`` hold the same two classes (five disjoint two-class blocks).
+
     Reference: B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas, "Communication-Efficient
     Learning of Deep Networks from Decentralized Data", AISTATS 2017.
 
@@ -279,6 +291,74 @@ def pathological_partition(
                 f"data.partition.classes_per_client={c} with data.num_clients={num_clients} gives class {k} "
                 f"to {len(owners)} clients but it has only {len(idx)} samples; use fewer clients or classes "
                 "per client"
+            )
+        for owner, piece in zip(owners, np.array_split(rng.permutation(idx), len(owners))):
+            parts[owner].append(piece)
+    return _sorted_parts([np.concatenate(p) for p in parts])
+
+
+def label_quantity_partition(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Label-quantity skew ``#C=k``: NIID-Bench's ``noniid-#label{k}`` split.
+
+    Let ``K`` be the number of classes present (in ascending label order) and ``k`` the classes per client.
+    Client ``i`` holds class ``i mod K`` and ``k - 1`` further distinct classes, each drawn uniformly at
+    random among the classes it does not hold yet (NIID-Bench redraws a uniform class until it is new,
+    which is the same distribution). Then, class by class, the class's indices are shuffled and split
+    evenly (``np.array_split``: sizes differ by at most one) among the ``h`` clients that drew it, in
+    ascending client order. So classes have different numbers of holders (with 10 clients and ``k = 2``,
+    1 to 6 as a rule) and the clients' sizes differ. ``k = 1`` gives client ``i`` class ``i mod K`` alone;
+    ``k = K`` gives every client every class, a class-stratified near-equal split (NIID-Bench's
+    ``noniid-#label10`` branch, which it computes separately, is the same). All randomness (the extra
+    classes, the shuffles) comes from ``rng``, the classes drawn first.
+
+    A class that no client drew (possible only with fewer clients than classes) is unused: its samples go
+    to nobody. NIID-Bench's code cannot run that case (its ``np.array_split`` into zero parts fails).
+
+    Compare :func:`pathological_partition` (the FedAvg paper's shards): same number of classes per client,
+    but dealt round-robin, so every class has the same number of holders and every client the same size.
+
+    Reference: Q. Li, Y. Diao, Q. Chen, B. He, "Federated Learning on Non-IID Data Silos: An Experimental
+    Study", ICDE 2022, Sec. III-A (quantity-based label imbalance); ``utils.partition_data`` of
+    Xtra-Computing/NIID-Bench (``noniid-#label{k}``).
+
+    Args:
+        labels: 1-D int class labels of the training set.
+        num_clients: Number of clients ``m``.
+        classes_per_client: Classes per client ``k``, between 1 and the number of classes present.
+        rng: Source of randomness.
+
+    Returns:
+        ``m`` sorted int64 index arrays; client ``i``'s labels are exactly its ``k`` classes.
+
+    Raises:
+        ConfigError: If ``k`` is out of range, or a class has fewer samples than clients holding it.
+    """
+    y = _as_labels(labels)
+    check_num_clients(len(y), num_clients)
+    per_class = _class_indices(y)
+    present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
+    num_classes = len(present)
+    c = _check_classes_per_client(classes_per_client, num_classes)
+    holders: list[list[int]] = [[] for _ in range(num_classes)]  # by position in ``present``
+    for i in range(num_clients):
+        mine = [i % num_classes]
+        while len(mine) < c:
+            free = np.setdiff1d(np.arange(num_classes), mine)
+            mine.append(int(rng.choice(free)))
+        for j in mine:
+            holders[j].append(i)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for j, owners in enumerate(holders):
+        if not owners:
+            continue
+        idx = per_class[int(present[j])]
+        if len(idx) < len(owners):
+            raise ConfigError(
+                f"data.partition.classes_per_client={c} with data.num_clients={num_clients} gives class "
+                f"{int(present[j])} to {len(owners)} clients but it has only {len(idx)} samples; use fewer "
+                "clients or classes per client"
             )
         for owner, piece in zip(owners, np.array_split(rng.permutation(idx), len(owners))):
             parts[owner].append(piece)
@@ -749,9 +829,11 @@ class Dirichlet(Partitioner):
 
 
 class Pathological(Partitioner):
-    """Exactly ``classes_per_client`` classes per client, without replacement.
+    """Exactly ``classes_per_client`` classes per client, without replacement: the FedAvg paper's shards.
 
-    See :func:`pathological_partition` (after McMahan et al., 2017).
+    See :func:`pathological_partition` (after McMahan et al., 2017). Classes are dealt round-robin, so
+    every class has the same number of holders and every client the same size; NIID-Bench's ``#C=k`` split
+    is :class:`LabelQuantity`.
 
     Args:
         classes_per_client: Number of distinct classes each client holds (1 .. number of classes).
@@ -764,6 +846,27 @@ class Pathological(Partitioner):
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return pathological_partition(labels, num_clients, self.classes_per_client, rng)
+
+
+class LabelQuantity(Partitioner):
+    """NIID-Bench's label-quantity skew ``#C=k`` (``noniid-#label{k}``; :func:`label_quantity_partition`).
+
+    Client ``i`` holds class ``i mod K`` and ``k - 1`` random other classes; each class is split evenly
+    among the clients that drew it, so classes have unequal numbers of holders and clients unequal sizes. A
+    class nobody drew (fewer clients than classes) is unused. :class:`Pathological` is the FedAvg paper's
+    round-robin shards instead (equal holders per class, equal client sizes).
+
+    Args:
+        classes_per_client: Number of distinct classes each client holds, ``k`` (1 .. number of classes).
+    """
+
+    name = "label_quantity"
+
+    def __init__(self, classes_per_client: int = 2) -> None:
+        self.classes_per_client = _check_classes_per_client(classes_per_client)
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return label_quantity_partition(labels, num_clients, self.classes_per_client, rng)
 
 
 class DirichletWithReplacement(Partitioner):
@@ -903,6 +1006,7 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
         IID,
         Dirichlet,
         Pathological,
+        LabelQuantity,
         DirichletWithReplacement,
         PathologicalWithReplacement,
         QuantitySkew,

@@ -10,6 +10,7 @@ from fl_lightning.data.partition import (
     PARTITIONERS,
     Dirichlet,
     DirichletWithReplacement,
+    LabelQuantity,
     MixedSkew,
     NaturalUsers,
     Partitioner,
@@ -21,6 +22,7 @@ from fl_lightning.data.partition import (
     dirichlet_with_replacement,
     get_partitioner,
     iid_partition,
+    label_quantity_partition,
     list_partitioners,
     mixed_class_assignment,
     mixed_partition,
@@ -213,6 +215,95 @@ def test_pathological_too_few_samples_per_class():
 
 
 # ------------------------------------------------------------------------------------------- refill
+# ---------------------------------------------------------------------------- label quantity (#C=k)
+def assert_classes_split_evenly(y: np.ndarray, parts: list[np.ndarray], num_classes: int) -> None:
+    """Each class's samples are split among its holders with sizes differing by at most one."""
+    counts = partition_counts(y, parts, num_classes)
+    for k in range(num_classes):
+        held = counts[:, k][counts[:, k] > 0]
+        if len(held):
+            assert held.sum() == (y == k).sum() and held.max() - held.min() <= 1
+
+
+def test_label_quantity_as_niid_bench_ten_parties_two_classes():
+    """NIID-Bench's noniid-#label2 with 10 parties: party i holds class i and one random other class; a
+    class has as many holders as drew it (not two each, as Pathological's round-robin gives), so there are
+    more than five distinct class pairs and the clients' sizes differ."""
+    y = balanced_labels(10, 60)
+    holder_counts = []
+    for seed in range(20):
+        parts = label_quantity_partition(y, 10, 2, np.random.default_rng(seed))
+        assert_well_formed(parts, 10, len(y))
+        assert_exact_cover(parts, len(y))  # with 10 clients every class is drawn (client i draws class i)
+        counts = partition_counts(y, parts, 10)
+        held = [frozenset(np.flatnonzero(row).tolist()) for row in counts]
+        assert all(len(h) == 2 and i in h for i, h in enumerate(held))
+        assert len(set(held)) > 5
+        holders = (counts > 0).sum(axis=0)
+        assert holders.min() < holders.max()  # unequal numbers of holders
+        assert len({len(p) for p in parts}) > 1  # unequal client sizes
+        assert_classes_split_evenly(y, parts, 10)
+        holder_counts.append(holders)
+    # Class j's holders: client j plus each other client drawing it with probability 1/9, i.e.
+    # 1 + Binomial(9, 1/9): mean 2, variance 8/9 (round-robin would give variance 0).
+    holder_counts = np.concatenate(holder_counts)
+    assert holder_counts.mean() == 2.0
+    assert holder_counts.var() == pytest.approx(8 / 9, rel=0.25)
+
+
+def test_label_quantity_is_seeded_and_the_class_matches_the_function():
+    y = balanced_labels(10, 30)
+    a = label_quantity_partition(y, 10, 3, np.random.default_rng(5))
+    b = LabelQuantity(classes_per_client=3)(y, 10, np.random.default_rng(5))
+    c = label_quantity_partition(y, 10, 3, np.random.default_rng(6))
+    assert all(np.array_equal(x, z) for x, z in zip(a, b))
+    assert not all(np.array_equal(x, z) for x, z in zip(a, c))
+    part = get_partitioner("label_quantity", classes_per_client=3)
+    assert isinstance(part, LabelQuantity) and repr(part) == "LabelQuantity(classes_per_client=3)"
+    counts = partition_counts(y, a, 10)
+    assert ((counts > 0).sum(axis=1) == 3).all() and all(counts[i, i] > 0 for i in range(10))
+
+
+def test_label_quantity_one_class_and_every_class():
+    y = balanced_labels(10, 41)
+    # k = 1: client i holds class i mod 10 alone; 20 clients: every class split between two clients
+    parts = label_quantity_partition(y, 20, 1, np.random.default_rng(0))
+    counts = partition_counts(y, parts, 10)
+    assert all(np.flatnonzero(counts[i]).tolist() == [i % 10] for i in range(20))
+    assert_exact_cover(parts, len(y))
+    assert_classes_split_evenly(y, parts, 10)
+    # k = K: every client holds every class, a class-stratified split
+    parts = label_quantity_partition(y, 4, 10, np.random.default_rng(0))
+    counts = partition_counts(y, parts, 10)
+    assert (counts > 0).all() and counts.max() - counts.min() <= 1
+    assert_exact_cover(parts, len(y))
+
+
+def test_label_quantity_class_nobody_drew_is_unused():
+    y = balanced_labels(10, 20)
+    parts = label_quantity_partition(y, 3, 1, np.random.default_rng(0))  # classes 0, 1, 2 only
+    counts = partition_counts(y, parts, 10)
+    assert counts[:, 3:].sum() == 0 and counts[[0, 1, 2], [0, 1, 2]].tolist() == [20, 20, 20]
+    assert sum(len(p) for p in parts) == 60
+
+
+@pytest.mark.parametrize("k", [0, 11, -1, 2.5, True])
+def test_label_quantity_bad_classes_per_client_is_one_line(k):
+    y = balanced_labels(10, 20)
+    with pytest.raises(ConfigError, match=r"^data\.partition\.classes_per_client=") as err:
+        label_quantity_partition(y, 10, k, np.random.default_rng(0))
+    assert "\n" not in str(err.value)
+    if k != 11:  # the upper bound needs the data's classes
+        with pytest.raises(ConfigError, match=r"^data\.partition\.classes_per_client="):
+            LabelQuantity(classes_per_client=k)
+
+
+def test_label_quantity_too_few_samples_for_the_holders():
+    y = np.array([0] * 50 + [1] * 2)  # class 1 has two samples; with 4 clients and k = 2 it has 4 holders
+    with pytest.raises(ConfigError, match=r"classes_per_client=2 .* class 1 to 4 clients .* only 2 samples"):
+        label_quantity_partition(y, 4, 2, np.random.default_rng(0))
+
+
 def test_refill_sizes_equal_with_remainder_on_client_zero():
     y = np.arange(103) % 4
     prior = np.full((10, 4), 0.25)
@@ -346,7 +437,9 @@ def test_check_num_clients_messages():
     check_num_clients(10, 10)
 
 
-@pytest.mark.parametrize("name", ["iid", "dirichlet", "pathological", "dirichlet_with_replacement"])
+@pytest.mark.parametrize(
+    "name", ["iid", "dirichlet", "pathological", "label_quantity", "dirichlet_with_replacement"]
+)
 def test_partitioners_reject_more_clients_than_samples(name):
     y = balanced_labels(2, 5)
     with pytest.raises(ConfigError, match=r"data\.num_clients=11 exceeds the 10 training samples"):
@@ -359,6 +452,7 @@ def test_registry_and_get_partitioner():
             "iid",
             "dirichlet",
             "pathological",
+            "label_quantity",
             "dirichlet_with_replacement",
             "pathological_with_replacement",
             "quantity_skew",
