@@ -126,10 +126,12 @@ def test_dirichlet_min_size_impossible_is_reported_immediately():
         dirichlet_partition(y, 10, 0.5, np.random.default_rng(0), min_size=30)
 
 
-def test_dirichlet_min_size_unmet_after_max_tries():
+def test_dirichlet_min_size_unmet_by_the_runaway_guard():
     y = balanced_labels(10, 20)  # 200 samples, 10 clients: min_size=19 needs an almost even split
-    with pytest.raises(ConfigError, match=r"data\.partition\.min_size=19.*5 Dirichlet draws"):
-        dirichlet_partition(y, 10, 0.05, np.random.default_rng(0), min_size=19, max_tries=5)
+    with pytest.raises(
+        ConfigError, match=r"^data\.partition\.min_size=19 was met by none of 5 draws.*run-away guard"
+    ):
+        dirichlet_partition(y, 10, 0.05, np.random.default_rng(0), min_size=19, max_draws=5)
 
 
 @pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf")])
@@ -514,6 +516,99 @@ def test_quantity_skew_is_seeded_and_checks_its_arguments():
         quantity_skew_partition(50, 6, 0.5, np.random.default_rng(0))
     with pytest.raises(ConfigError, match=r"data\.partition\.alpha"):
         QuantitySkew(alpha=0)
+
+
+def sequential_quantity_skew(n, m, alpha, rng, min_size):
+    """NIID-Bench's redraw loop written plainly, one Dirichlet draw at a time (integer sizes checked)."""
+    perm = rng.permutation(n)
+    draws = 0
+    while True:
+        q = rng.dirichlet(np.full(m, alpha))
+        draws += 1
+        edges = np.concatenate(([0], (np.cumsum(q) * n).astype(np.int64)))
+        edges[-1] = n
+        edges = np.maximum.accumulate(edges)
+        if np.diff(edges).min() >= min_size:
+            return [np.sort(perm[edges[i] : edges[i + 1]]) for i in range(m)], draws
+
+
+@pytest.mark.parametrize("n", [60_000, 6_000])
+def test_quantity_skew_at_beta_0_1_reaches_min_size_for_every_seed(n):
+    """NIID-Bench's iid-diff-quantity at beta = 0.1, 10 parties: every seed succeeds (no cap on the redraws;
+    ~200 draws at 60,000 samples, thousands at 6,000), every client has 10 samples or more, and 10 itself is
+    reached: the check accepts exactly min_size (a check accepting 9, or demanding 11, fails here)."""
+    smallest = []
+    for seed in range(220):
+        parts = quantity_skew_partition(n, 10, 0.1, np.random.default_rng(seed), min_size=10)
+        sizes = [len(p) for p in parts]
+        assert sum(sizes) == n
+        smallest.append(min(sizes))
+    assert min(smallest) == 10, sorted(smallest)[:5]
+    via_class = QuantitySkew(alpha=0.1, min_size=10)(np.zeros(n), 10, np.random.default_rng(0))
+    assert min(len(p) for p in via_class) == smallest[0]
+
+
+def test_quantity_skew_redraws_exactly_as_the_sequential_loop():
+    """The batched redraws accept the same draw as the one-at-a-time loop for the same seed, so the
+    partition (and the distribution of the sizes) is NIID-Bench's redraw-until-valid; some seeds need
+    hundreds of redraws (batches up to the largest size)."""
+    draws = []
+    for seed in range(25):
+        ref, k = sequential_quantity_skew(60_000, 10, 0.1, np.random.default_rng(seed), 10)
+        got = quantity_skew_partition(60_000, 10, 0.1, np.random.default_rng(seed), min_size=10)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), seed
+        draws.append(k)
+    assert max(draws) > 1 + 2 + 4 + 8 + 16 + 32 + 64 + 128 + 256
+
+
+def test_dirichlet_redraws_exactly_as_the_sequential_loop():
+    """As NIID-Bench's noniid-labeldir loop: all classes' shares redrawn until every client has min_size;
+    the batched redraws accept the same draw (the same class counts per client) as one draw at a time."""
+    y = balanced_labels(10, 100)
+    draws = []
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        k = 0
+        while True:  # the plain loop: one Dir(alpha 1_m) row per class, per draw
+            k += 1
+            counts = np.zeros((10, 10), dtype=np.int64)  # [client, class]
+            for c in range(10):
+                edges = np.concatenate(
+                    ([0], (np.cumsum(rng.dirichlet(np.full(10, 0.3))) * 100).astype(np.int64))
+                )
+                edges[-1] = 100
+                counts[:, c] = np.diff(np.maximum.accumulate(edges))
+            if counts.sum(axis=1).min() >= 70:
+                break
+        draws.append(k)
+        parts = dirichlet_partition(y, 10, 0.3, np.random.default_rng(seed), min_size=70)
+        assert_exact_cover(parts, len(y))
+        np.testing.assert_array_equal(partition_counts(y, parts, 10), counts)
+    assert max(draws) > 255  # past the batches of 1, 2, ..., 128
+
+
+def test_min_size_impossible_is_one_line():
+    for call in (
+        lambda: quantity_skew_partition(99, 10, 0.1, np.random.default_rng(0), min_size=10),
+        lambda: dirichlet_partition(balanced_labels(3, 33), 10, 0.1, np.random.default_rng(0), min_size=10),
+        lambda: mixed_partition(balanced_labels(3, 33), 10, 0.1, np.random.default_rng(0), min_size=10),
+    ):
+        with pytest.raises(
+            ConfigError, match=r"^data\.partition\.min_size=10 is impossible: 10 clients"
+        ) as err:
+            call()
+        assert "\n" not in str(err.value) and "use data.partition.min_size <= 9" in str(err.value)
+
+
+def test_mixed_partition_redraws_until_every_client_has_min_size():
+    y = balanced_labels(10, 100)
+    smallest = [
+        min(len(p) for p in mixed_partition(y, 10, 0.3, np.random.default_rng(seed), min_size=60))
+        for seed in range(30)
+    ]
+    assert min(smallest) >= 60 and min(smallest) <= 62
+    with pytest.raises(ConfigError, match=r"^data\.partition\.min_size=100 was met by none of 50 draws"):
+        mixed_partition(y, 10, 0.3, np.random.default_rng(0), min_size=100, max_draws=50)
 
 
 # --------------------------------------------------------------------------------------------- mixed
