@@ -152,9 +152,9 @@ def test_every_server_step_consumes_exactly_k_arrivals_and_steps_with_momentum(r
     x = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     for r in range(4):
         engine.run_round(r)
-    assert [(rec["clients"], rec["failed"]) for rec in engine.history] == [(3, 0)] * 4
+    assert [(rec.clients, rec.failed) for rec in engine.history] == [(3, 0)] * 4
     assert [len(step) for step in strategy.steps] == [3] * 4
-    assert max(rec["staleness_max"] for rec in engine.history) >= 1  # the buffer mixes model versions
+    assert max(rec.sim.staleness_max for rec in engine.history) >= 1  # the buffer mixes model versions
     v = {n: torch.zeros_like(t) for n, t in x.items()}
     for step in strategy.steps:
         for n in x:

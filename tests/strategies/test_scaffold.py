@@ -174,7 +174,7 @@ def test_option_two_divides_by_the_steps_each_client_ran_under_partial_work():
     )
     x = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     engine.run_round(0)
-    steps = engine.history[0]["client_steps"]
+    steps = engine.history[0].client_steps
     assert sorted(steps) == sorted(seen) and min(steps.values()) < 6 == max(steps.values())
     for cid, (y, control, lr) in seen.items():
         for n in x:
