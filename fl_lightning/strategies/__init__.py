@@ -19,12 +19,14 @@ from fl_lightning.api import (
     list_strategies,
     register_strategy,
 )
+from fl_lightning.strategies.apfl import APFL
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
 from fl_lightning.strategies.fedasync import FedAsync
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.fedavg_sar import FedAvgSAR
 from fl_lightning.strategies.fedavgm import FedAvgM
+from fl_lightning.strategies.fedbabu import FedBABU
 from fl_lightning.strategies.fedbuff import FedBuff
 from fl_lightning.strategies.fedcm import FedCM
 from fl_lightning.strategies.feddc import FedDC
@@ -58,6 +60,7 @@ from fl_lightning.strategies.tdpfed import TDPFed
 from fl_lightning.strategies.vhl import VHL
 
 __all__ = [
+    "APFL",
     "DP",
     "MOON",
     "STRATEGIES",
@@ -71,6 +74,7 @@ __all__ = [
     "FedAvg",
     "FedAvgM",
     "FedAvgSAR",
+    "FedBABU",
     "FedBuff",
     "FedCM",
     "FedCOG",
