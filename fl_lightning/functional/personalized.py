@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def apfl_mixture(v: Mapping[str, Tensor], w: Mapping[str, Tensor], alpha: Tensor | float) -> dict[str, Tensor]:
+def apfl_mixture(
+    v: Mapping[str, Tensor], w: Mapping[str, Tensor], alpha: Tensor | float
+) -> dict[str, Tensor]:
     """APFL's personalised model (Deng, Kamani & Mahdavi, 2020, Alg. 1): ``v_bar = alpha v + (1 - alpha) w``.
 
     Differentiable in ``v`` and ``alpha`` (a 0-d tensor): the gradient of ``f(v_bar)`` is ``alpha g`` for
@@ -46,7 +48,8 @@ def ala_weight_step(
     eta: float,
 ) -> list[Tensor]:
     """One step on FedALA's aggregation weights (Sec. 3): ``W <- clip(W - eta * grad ⊙ (theta_g - theta_l),
-    0, 1)``, ``grad`` the loss gradient at the mixed model ``theta_hat`` (the chain rule through :func:`ala_mix`)."""
+    0, 1)``, ``grad`` the loss gradient at the mixed model ``theta_hat`` (the chain rule through
+    :func:`ala_mix`)."""
     return [
         (wt - eta * g * (gl - lo)).clamp_(0.0, 1.0) for wt, g, lo, gl in zip(weights, grads, local, global_)
     ]

@@ -48,6 +48,7 @@ from fl_lightning.strategies.lg_fedavg import LGFedAvg
 from fl_lightning.strategies.local import Local
 from fl_lightning.strategies.mofedsam import MoFedSAM
 from fl_lightning.strategies.moon import MOON
+from fl_lightning.strategies.per_fedavg import PerFedAvg
 from fl_lightning.strategies.pfedme import PFedMe
 from fl_lightning.strategies.plugins.dp import DP
 from fl_lightning.strategies.plugins.fast_slow import FastSlow
@@ -101,6 +102,7 @@ __all__ = [
     "MoFedSAM",
     "NormBounded",
     "PFedMe",
+    "PerFedAvg",
     "PersonalAtoms",
     "RoundInfo",
     "Scaffold",

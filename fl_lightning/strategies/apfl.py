@@ -26,8 +26,8 @@ class APFL(Strategy):
 
     The global model ``w`` is FedAvg's: a sampled client trains ``w_k`` from ``w^t`` by local SGD on
     ``f_k`` and uploads it. Besides, it keeps a local model ``v_k`` (never communicated) and a weight
-    ``alpha_k``; its personalised model is the mixture
-    ``v_bar_k = alpha_k v_k + (1 - alpha_k) w_k`` (:func:`~fl_lightning.functional.personalized.apfl_mixture`).
+    ``alpha_k``; its personalised model is the mixture ``v_bar_k = alpha_k v_k + (1 - alpha_k) w_k``
+    (:func:`~fl_lightning.functional.personalized.apfl_mixture`).
     At every local step, on the same mini-batch ``xi`` and from the values before the step,
 
     .. math:: w_k \\leftarrow w_k - \\eta \\nabla f_k(w_k; \\xi), \\qquad

@@ -1,4 +1,4 @@
-"""FedBABU (Oh, Kim & Yun, ICLR 2022): the body trained federated under a frozen random head, then fine-tuned."""
+"""FedBABU (Oh, Kim & Yun, ICLR 2022): the body trained federated under a frozen random head, fine-tuned."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from personal_helpers import personal_model
 from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import APFL, FedAvg
-from fl_lightning.strategies.apfl import ALPHA
+from fl_lightning.strategies.apfl import ALPHA, LOCAL
 
 from conftest import global_weights, make_module
 
@@ -25,7 +25,7 @@ def test_two_steps_by_hand():
     strategy.setup(worker, 1)
     w = torch.zeros(1, 2, dtype=torch.float64)
     v = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
-    state = {"apfl/" + W: v.clone(), ALPHA: torch.tensor(0.3, dtype=torch.float64)}
+    state = {LOCAL + W: v.clone(), ALPHA: torch.tensor(0.3, dtype=torch.float64)}
     res = train_client(
         worker, strategy, {"weights": {W: w}}, state, single_client(x, y), 0, LocalConfig(3, local_steps=2)
     )
@@ -36,9 +36,10 @@ def test_two_steps_by_hand():
     alpha = 0.3
     for _ in range(2):  # every update from the values before the step
         g = grad(alpha * v + (1 - alpha) * w)
-        v, alpha, w = v - lr * alpha * g, min(max(alpha - alpha_lr * float(((v - w) * g).sum()), 0.0), 1.0), w - lr * grad(w)
+        new_alpha = min(max(alpha - alpha_lr * float(((v - w) * g).sum()), 0.0), 1.0)
+        v, alpha, w = v - lr * alpha * g, new_alpha, w - lr * grad(w)
     torch.testing.assert_close(res.upload["weights"][W], w)
-    torch.testing.assert_close(res.state["apfl/" + W], v)
+    torch.testing.assert_close(res.state[LOCAL + W], v)
     torch.testing.assert_close(float(res.state[ALPHA]), alpha)
     assert alpha != 0.3
 
@@ -51,7 +52,7 @@ def test_fixed_alpha_stays_and_the_deployed_model_is_the_mixture(fit):
     assert float(state[ALPHA]) == 0.25
     deployed = personal_model(module, 0)
     for n in glob:
-        torch.testing.assert_close(deployed[n], 0.25 * state["apfl/" + n] + 0.75 * glob[n])
+        torch.testing.assert_close(deployed[n], 0.25 * state[LOCAL + n] + 0.75 * glob[n])
 
 
 def test_global_model_is_bit_identical_to_fedavg(fit):
