@@ -41,6 +41,7 @@ from fl_lightning.strategies.fedper import FedPer
 from fl_lightning.strategies.fedprox import FedProx
 from fl_lightning.strategies.fedreg import FedReg
 from fl_lightning.strategies.fedrep import FedRep
+from fl_lightning.strategies.fedrod import FedRoD
 from fl_lightning.strategies.fedsam import FedSAM
 from fl_lightning.strategies.fedsmoo import FedSMOO
 from fl_lightning.strategies.fedspeed import FedSpeed
@@ -91,6 +92,7 @@ __all__ = [
     "FedProx",
     "FedReg",
     "FedRep",
+    "FedRoD",
     "FedSAM",
     "FedSMOO",
     "FedSpeed",
