@@ -31,9 +31,8 @@ def test_two_local_steps_by_hand():
     wp, bp = net.weight.detach().clone(), net.bias.detach().clone()
     wg = torch.tensor([[0.1, -0.2], [0.3, 0.0], [-0.1, 0.4]], dtype=torch.float64)
     bg = torch.tensor([0.0, 0.1, -0.1], dtype=torch.float64)
-    res = train_client(
-        worker, strategy, {"weights": {W: wg, B: bg}}, {}, single_client(x, y), 0, LocalConfig(4, local_steps=2)
-    )
+    message = {"weights": {W: wg, B: bg}}
+    res = train_client(worker, strategy, message, {}, single_client(x, y), 0, LocalConfig(4, local_steps=2))
     onehot = torch.nn.functional.one_hot(y, 3).double()
     log_prior = torch.tensor([3 / 4, 1 / 4, 0.0], dtype=torch.float64).log()
     for _ in range(2):
