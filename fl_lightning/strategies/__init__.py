@@ -22,6 +22,7 @@ from fl_lightning.api import (
 from fl_lightning.strategies.apfl import APFL
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
+from fl_lightning.strategies.fedala import FedALA
 from fl_lightning.strategies.fedasync import FedAsync
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.fedavg_sar import FedAvgSAR
@@ -71,6 +72,7 @@ __all__ = [
     "ClientContext",
     "Ditto",
     "FastSlow",
+    "FedALA",
     "FedAdam",
     "FedAsync",
     "FedAvg",
