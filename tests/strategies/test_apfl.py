@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from drift_helpers import least_squares_module, single_client
+from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 from personal_helpers import personal_model
 
 from fl_lightning.engine.local import LocalConfig, train_client
@@ -68,3 +68,7 @@ def test_alpha_out_of_range_is_one_line_naming_the_field(alpha):
     with pytest.raises(ConfigError, match=r"^model\.strategy\.alpha=.* must be .*in \[0, 1\]") as err:
         APFL(alpha=alpha)
     assert "\n" not in str(err.value)
+
+
+def test_a_resumed_run_is_bit_identical(tmp_path):
+    assert_resume_is_identical(tmp_path, lambda: make_module(APFL()))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from drift_helpers import least_squares_module, single_client
+from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 
 from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
@@ -83,3 +83,7 @@ def test_layer_idx_beyond_the_model_names_the_field():
         FedALA(layer_idx=3).setup(least_squares_module(2, lr=LR), 1)
     with pytest.raises(ConfigError, match=r"^model\.strategy\.layer_idx=-1 must be an integer >= 0"):
         FedALA(layer_idx=-1)
+
+
+def test_a_resumed_run_is_bit_identical(tmp_path):
+    assert_resume_is_identical(tmp_path, lambda: make_module(FedALA()))
