@@ -5,6 +5,7 @@ import torch
 from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 from personal_helpers import personal_model
 
+from fl_lightning.cli import main
 from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import APFL, FedAvg
@@ -72,3 +73,18 @@ def test_alpha_out_of_range_is_one_line_naming_the_field(alpha):
 
 def test_a_resumed_run_is_bit_identical(tmp_path):
     assert_resume_is_identical(tmp_path, lambda: make_module(APFL()))
+
+
+def _cli_error(tmp_path, capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_the_cli_takes_its_arguments_and_refuses_alpha_out_of_range_in_one_line(tmp_path, capsys):
+    line = _cli_error(tmp_path, capsys, "--model.strategy=APFL", "--model.strategy.alpha=1.5")
+    assert line.startswith("error: model.strategy.alpha=1.5 must be in [0, 1]")

@@ -4,6 +4,7 @@ import pytest
 import torch
 from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 
+from fl_lightning.cli import main
 from fl_lightning.engine.local import LocalConfig, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedALA, FedAvg
@@ -87,3 +88,18 @@ def test_layer_idx_beyond_the_model_names_the_field():
 
 def test_a_resumed_run_is_bit_identical(tmp_path):
     assert_resume_is_identical(tmp_path, lambda: make_module(FedALA()))
+
+
+def _cli_error(tmp_path, capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_the_cli_takes_its_arguments_and_refuses_rand_percent_out_of_range_in_one_line(tmp_path, capsys):
+    line = _cli_error(tmp_path, capsys, "--model.strategy=FedALA", "--model.strategy.rand_percent=0")
+    assert line.startswith("error: model.strategy.rand_percent=0.0 must be in (0, 100]")
