@@ -51,8 +51,8 @@ class FedALA(Strategy):
     have), afterwards for one epoch per round, and is kept per client. ALA is skipped while the local
     model equals the global one (the first round). BatchNorm statistics stay the client's own (ALA mixes
     parameters only). The deployed model of a client is ``hat theta_k`` computed with the current global
-    model at evaluation (one more epoch on ``W_k``, not kept; the slice drawn by a stream seeded by the
-    client).
+    model at evaluation (one epoch on ``W_k``, from ones if it has none yet, not kept; the slice drawn by a
+    stream seeded by the client); a client that never trained deploys the global model.
 
     Args:
         rand_percent: The share of local data ``W`` is learned on, in ``(0, 100]`` (authors: 80).
@@ -127,13 +127,15 @@ class FedALA(Strategy):
 
     def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
         super().adapt(module, data, state, batch_size)
+        if not any(k.startswith(LOCAL) for k in state):
+            return  # never trained: the global model
         device = module_device(module)
         cuda = [device] if device.type == "cuda" else []
         was_training = module.training
         module.train()
         generator = torch.Generator().manual_seed(derive_seed(_STREAM, data.client_id))
         with torch.enable_grad(), torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            self.aggregate(module, dict(state), data, batch_size, generator)
+            self.aggregate(module, dict(state), data, batch_size, generator, until_stable=False)
         module.train(was_training)
 
     def aggregate(
@@ -143,8 +145,12 @@ class FedALA(Strategy):
         data: ClientData,
         batch_size: int,
         generator: torch.Generator,
+        until_stable: bool = True,
     ) -> None:
-        """ALA: the global model in ``module`` becomes ``hat theta_k``; ``W_k`` is updated in ``state``."""
+        """ALA: the global model in ``module`` becomes ``hat theta_k``; ``W_k`` is updated in ``state``.
+
+        ``until_stable``: a client without ``W_k`` trains it until the losses settle (else one epoch).
+        """
         local = {
             k[len(LOCAL) :]: v for k, v in state.items() if k.startswith(LOCAL)
         } or self.initial.as_dict()
@@ -156,8 +162,9 @@ class FedALA(Strategy):
         top = params[len(params) - self.layer_idx :] if self.layer_idx else params
         glob = [p.detach().clone() for _, p in top]
         mine = [local[n].to(p.device, p.dtype) for n, p in top]
-        start = WEIGHT + top[0][0] not in state
-        weights = [state[WEIGHT + n].to(p.device) if not start else torch.ones_like(p) for n, p in top]
+        fresh = WEIGHT + top[0][0] not in state
+        weights = [torch.ones_like(p) if fresh else state[WEIGHT + n].to(p.device) for n, p in top]
+        start = fresh and until_stable  # the first weight learning, trained until the losses settle
         batches = [
             to_device(data.take(idx), glob[0].device) for idx in self._slice(data, batch_size, generator)
         ]

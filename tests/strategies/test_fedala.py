@@ -103,3 +103,18 @@ def _cli_error(tmp_path, capsys, *args):
 def test_the_cli_takes_its_arguments_and_refuses_rand_percent_out_of_range_in_one_line(tmp_path, capsys):
     line = _cli_error(tmp_path, capsys, "--model.strategy=FedALA", "--model.strategy.rand_percent=0")
     assert line.startswith("error: model.strategy.rand_percent=0.0 must be in (0, 100]")
+
+
+def test_the_deployed_model_is_one_more_epoch_of_ala_not_kept_and_the_global_model_before_training():
+    glob = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    local = torch.tensor([[0.5, 2.0]], dtype=torch.float64)
+    strategy = FedALA(rand_percent=100, layer_idx=0, eta=ETA)
+    worker = least_squares_module(2, lr=LR, w0=glob)
+    strategy.setup(worker, 1)
+    strategy.adapt(worker, single_client(X, Y), {}, batch_size=4)
+    assert torch.equal(worker.net.weight.detach(), glob)  # never trained
+    state = {"fedala/local/" + W: local.clone()}  # trained once: no W yet, one epoch from ones
+    strategy.adapt(worker, single_client(X, Y), state, batch_size=4)
+    weights = (1 - ETA * grad(glob) * (glob - local)).clamp(0, 1)
+    torch.testing.assert_close(worker.net.weight.detach(), local + (glob - local) * weights)
+    assert set(state) == {"fedala/local/" + W}
