@@ -19,6 +19,7 @@ from fl_lightning.api import (
     list_strategies,
     register_strategy,
 )
+from fl_lightning.strategies.cfl import CFL
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
 from fl_lightning.strategies.fedasync import FedAsync
@@ -42,6 +43,7 @@ from fl_lightning.strategies.fedrep import FedRep
 from fl_lightning.strategies.fedsam import FedSAM
 from fl_lightning.strategies.fedsmoo import FedSMOO
 from fl_lightning.strategies.fedspeed import FedSpeed
+from fl_lightning.strategies.ifca import IFCA
 from fl_lightning.strategies.lg_fedavg import LGFedAvg
 from fl_lightning.strategies.local import Local
 from fl_lightning.strategies.mofedsam import MoFedSAM
@@ -58,7 +60,9 @@ from fl_lightning.strategies.tdpfed import TDPFed
 from fl_lightning.strategies.vhl import VHL
 
 __all__ = [
+    "CFL",
     "DP",
+    "IFCA",
     "MOON",
     "STRATEGIES",
     "VHL",
