@@ -253,7 +253,7 @@ def _reinitialise(module: nn.Module, seed: int) -> bool:
         torch.manual_seed(seed)
         for layer in module.modules():
             reset = getattr(layer, "reset_parameters", None)
-            if layer is not module and callable(reset):
+            if callable(reset):
                 reset()
                 found = True
     return found
