@@ -1,6 +1,11 @@
 """CFL: the split test and bi-partition on constructed updates, per-cluster means, recursion, bad input, and a
 run that splits a label-permuted federation into its two groups (one at a time, vectorised, resumed)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -8,6 +13,7 @@ from torch import nn
 from fl_lightning.api import RoundInfo
 from fl_lightning.api.client import ClientModule
 from fl_lightning.callbacks import FederatedSummary
+from fl_lightning.cli import main
 from fl_lightning.data import IID
 from fl_lightning.data.transforms import LabelPermutation
 from fl_lightning.errors import ConfigError
@@ -229,3 +235,60 @@ def test_resume_restores_the_clusters_found(tmp_path):
     assert torch.equal(full.strategy.cluster_of, resumed.strategy.cluster_of)
     assert torch.equal(full.strategy.models, resumed.strategy.models)
     assert torch.equal(full.strategy.splits, resumed.strategy.splits)
+
+
+# ---------------------------------------------------------------------------------- several processes
+TESTS = Path(__file__).resolve().parents[1]
+#: The label-permuted federation through the command line, 8 clients, every one in every round.
+PERMUTED = [
+    "--trainer.accelerator=cpu",
+    "--trainer.max_steps=5",
+    "--trainer.enable_progress_bar=false",
+    "--model.client.net=fl_lightning.models.MLP",
+    "--data.client_transform=LabelPermutation",
+    "--data.client_transform.k=2",
+    "--data.num_clients=8",
+    "--data.partition=IID",
+    "--model.local_epochs=2",
+    "--model.local_steps=null",
+    "--model.eval_clients_every=0",
+]
+
+
+def cli_run(folder: Path, devices: int, *extra: str) -> dict:
+    """``fit`` through the command line in ``devices`` processes; the last checkpoint."""
+    folder.mkdir(parents=True, exist_ok=True)
+    args = ["fit", *PERMUTED, *extra, f"--trainer.default_root_dir={folder}"]
+    if devices == 1:
+        main(args)
+    else:
+        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}"]
+        proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = next((folder / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    return torch.load(ckpt, weights_only=False)
+
+
+def assert_same_run(one: dict, two: dict) -> None:
+    """Global weights and the strategy's cluster state agree; so do the round records."""
+    w1, w2 = one["state_dict"], two["state_dict"]
+    assert w1.keys() == w2.keys() and any(k.startswith("strategy.") for k in w1)
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=0, atol=1e-5)
+    h1, h2 = one["fl_lightning"]["history"], two["fl_lightning"]["history"]
+    for a, b in zip(h1, h2, strict=True):
+        assert a["strategy"] == pytest.approx(b["strategy"], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_split_as_one_process(tmp_path):
+    """Each process trains half the clients; the buffered uploads are gathered in client order, so both
+    processes split the same cluster the same way, as the one-process run does."""
+    extra = ["--model.strategy=CFL", "--model.strategy.eps_1=1.0", "--model.strategy.eps_2=2.5"]
+    extra.append("--model.strategy.warmup=3")
+    one = cli_run(tmp_path / "one", 1, *extra)
+    two = cli_run(tmp_path / "two", 2, *extra)
+    assert_same_run(one, two)
+    assert one["fl_lightning"]["history"][-1]["strategy"]["cfl/clusters"] == 2
+    assert one["state_dict"]["strategy.cluster_of"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]

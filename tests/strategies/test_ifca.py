@@ -248,3 +248,21 @@ def test_restarts_run_end_to_end(tmp_path):
     first, second = (r["strategy"] for r in module.history)
     assert first["ifca/restart"] == second["ifca/restart"] == int(module.strategy.kept)
     assert module.history[0]["bytes_down"] == 3 * module.history[1]["bytes_down"]  # 6 models, then 2
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    """The uploads' cluster codes and per-cluster groups are weighted sums: all-reduced across processes, they
+    give every process the same cluster models and record."""
+    from test_cfl import assert_same_run, cli_run
+
+    extra = [
+        "--model.strategy=IFCA",
+        "--model.strategy.k=2",
+        "--model.strategy.seed=0",
+        "--trainer.max_steps=3",
+    ]
+    one = cli_run(tmp_path / "one", 1, *extra)
+    two = cli_run(tmp_path / "two", 2, *extra)
+    assert_same_run(one, two)
+    assert one["fl_lightning"]["history"][-1]["strategy"]["cluster_ari"] == 1.0
