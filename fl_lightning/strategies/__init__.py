@@ -20,6 +20,7 @@ from fl_lightning.api import (
     register_strategy,
 )
 from fl_lightning.strategies.apfl import APFL
+from fl_lightning.strategies.cfl import CFL
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
 from fl_lightning.strategies.fedala import FedALA
@@ -46,6 +47,7 @@ from fl_lightning.strategies.fedrod import FedRoD
 from fl_lightning.strategies.fedsam import FedSAM
 from fl_lightning.strategies.fedsmoo import FedSMOO
 from fl_lightning.strategies.fedspeed import FedSpeed
+from fl_lightning.strategies.ifca import IFCA
 from fl_lightning.strategies.lg_fedavg import LGFedAvg
 from fl_lightning.strategies.local import Local
 from fl_lightning.strategies.mofedsam import MoFedSAM
@@ -64,7 +66,9 @@ from fl_lightning.strategies.vhl import VHL
 
 __all__ = [
     "APFL",
+    "CFL",
     "DP",
+    "IFCA",
     "MOON",
     "STRATEGIES",
     "VHL",
