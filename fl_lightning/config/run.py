@@ -31,7 +31,7 @@ from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.console import quiet
 from fl_lightning.lightning.module import FederatedModule
-from fl_lightning.lightning.trainer import DEFAULT_ROUNDS, ROUND_DEFAULTS, federated_trainer
+from fl_lightning.lightning.trainer import DEFAULT_ROUNDS, ROUND_DEFAULTS, round_trainer
 
 #: The Trainer defaults of a run's configuration: one training step is one round (see FederatedModule).
 TRAINER_DEFAULTS: dict[str, Any] = {"max_steps": DEFAULT_ROUNDS, **ROUND_DEFAULTS}
@@ -159,7 +159,7 @@ class RunBuilder(LightningCLI):
         hparams = flatten_config(run_config.as_dict() if hasattr(run_config, "as_dict") else dict(run_config))
         self._trainer_config = dict(config)
         try:
-            return federated_trainer(**config, hparams=hparams, on_new_run_folder=self._claimed.append)
+            return round_trainer(**config, hparams=hparams, on_new_run_folder=self._claimed.append)
         except ConfigError:
             raise
         except (MisconfigurationException, ValueError, ImportError) as err:

@@ -3,11 +3,14 @@
 - :func:`claim_version` / :func:`claim_version_on_first_use`: a TensorBoard or CSV logger without a
   ``version`` gets its ``version_N`` folder created atomically (``os.mkdir``) when it first needs it, so
   runs started together in one folder never share one.
+- :func:`resumed_run` / :func:`continue_run`: a ``fit`` from a run's newest checkpoint continues in that
+  run's folder (the command line and :class:`~fl_lightning.lightning.trainer.FederatedTrainer` alike);
 - :class:`RoundStepLogger`: ``validate``/``test`` of a checkpoint log at the checkpoint's rounds.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -18,6 +21,57 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from fl_lightning.errors import ConfigError
+from fl_lightning.lightning.checkpoint import load_checkpoint_file
+
+log = logging.getLogger("fl_lightning")
+
+#: ``ckpt_path`` values Lightning resolves itself instead of naming a file.
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def local_checkpoint(ckpt: Any) -> bool:
+    """Whether ``ckpt`` names a local file (not empty, not ``last``/``best``/..., not a URL)."""
+    return bool(ckpt) and str(ckpt) not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt)
+
+
+def checkpoint_rounds(path: Path) -> int | None:
+    """The rounds a checkpoint file has done (its ``global_step``); None if it cannot be read."""
+    try:
+        return int(load_checkpoint_file(path, "cpu", True, mmap=True).get("global_step", 0))
+    except ConfigError:
+        return None
+
+
+def resumed_run(ckpt: Any) -> tuple[Path, int] | None:
+    """``(run folder, rounds)`` when ``fit`` from ``ckpt`` should continue the checkpoint's own run.
+
+    That is a checkpoint under ``<run>/checkpoints/`` with at least the rounds of the run's ``last.ckpt``
+    (it is ``last.ckpt``, or a newer copy); None for anything else (a new run folder).
+    """
+    if not local_checkpoint(ckpt):
+        return None
+    path = Path(ckpt).expanduser().resolve()
+    if path.parent.name != "checkpoints":
+        return None
+    run = path.parent.parent
+    rounds = checkpoint_rounds(path)
+    last = path.parent / "last.ckpt"
+    if rounds is None or (last != path and last.exists() and (checkpoint_rounds(last) or 0) > rounds):
+        if rounds is not None:
+            log.info("resuming from round %d of %s, which went further: a new run folder", rounds, run)
+        return None
+    return run, rounds
+
+
+def continue_run(logger: Logger, run: Path, rounds: int) -> bool:
+    """:func:`continue_version` of ``logger`` to ``run``, a TensorBoard logger's steps going on from the
+    checkpoint's ``rounds`` (what the run logged after them, a round cut short, is dropped: ``purge_step``);
+    whether it did."""
+    if not continue_version(logger, run):
+        return False
+    if isinstance(logger, TensorBoardLogger):
+        logger._kwargs.setdefault("purge_step", rounds + 1)  # SummaryWriter's argument; no public setter
+    return True
 
 
 class RoundStepLogger(TensorBoardLogger):
