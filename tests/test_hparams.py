@@ -28,10 +28,7 @@ def test_an_object_is_its_class_and_the_arguments_it_keeps():
 def test_a_lazy_default_is_the_class_it_stands_for():
     partition = FederatedDataModule().partition  # the lazy Dirichlet(alpha=0.5) default
     config = class_config(partition)
-    assert (
-        config["class_path"] == "fl_lightning.data.Dirichlet"
-        and config["init_args"]["alpha"] == 0.5
-    )
+    assert config["class_path"] == "fl_lightning.data.Dirichlet" and config["init_args"]["alpha"] == 0.5
     assert type(instantiate(config, "data.partition")) is Dirichlet
 
 

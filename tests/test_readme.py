@@ -3,7 +3,8 @@
 Every command line of the "Setup" and "Quickstart" blocks runs as written (at tiny sizes): the commands
 are read from README.md, so a reader copying them in order into a fresh checkout gets working commands,
 with the run folders (``version_0``, ``version_1``, ...) they name. The "From Python" example runs as
-written, in an empty folder, its resume by ``load_from_checkpoint`` continuing the same run folder. The "Writing a strategy" example runs.
+written, in an empty folder, its resume by ``load_from_checkpoint`` continuing the same run folder. The
+"Writing a strategy" example runs.
 The "Layout" block names every module of the package and every top-level folder, and nothing else.
 """
 

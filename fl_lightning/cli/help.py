@@ -33,7 +33,7 @@ DESCRIPTION = (
     "  validate  a checkpoint's global model on the validation split (--ckpt_path C.ckpt)\n"
     "  test      ... on the test set\n"
     "  predict   ... its predictions on the test set, in predictions.csv\n"
-    "  list      python -m fl_lightning list [strategies|models|datasets|partitions]\n"
+    "  list      python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]\n"
     "  sweep     python -m fl_lightning sweep FILE.yaml: fit runs over seeds, one table\n\n"
     "`--verbose` (anywhere) shows every message Lightning prints and a line per round."
 )
@@ -71,7 +71,8 @@ def epilog() -> str:
     refused = ", ".join(f"{name} (use {field})" for name, field in REFUSED_TRAINER_ARGS.items())
     return (
         f"Trainer flags a federated round cannot honour are refused and not listed: {refused}. "
-        "`python -m fl_lightning list` lists the strategies, models, datasets and partitions; "
+        "`python -m fl_lightning list` lists the strategies, models, datasets, partitions, transforms and "
+        "system models; "
         "`--model.strategy.help NAME` the options of one."
     )
 

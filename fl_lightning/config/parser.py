@@ -96,7 +96,7 @@ class FederatedArgumentParser(LightningArgumentParser):
 
 
 #: Words whose full stop ends no sentence (``e.g.``, ``et al.``, ``Alg. 1``, ``Sec. 3``, ...).
-ABBREVIATIONS = frozenset({"e.g", "i.e", "al", "alg", "sec", "eq", "eqs", "fig", "tab", "vs", "cf", "etc", "no"})
+ABBREVIATIONS = frozenset({"e.g", "i.e", "al", "alg", "sec", "eq", "eqs", "fig", "tab", "vs", "cf", "etc"})
 
 
 def first_sentence(text: str) -> str:

@@ -16,12 +16,13 @@ from __future__ import annotations
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.console import console, quiet
 from fl_lightning.lightning.module import FederatedModule
-from fl_lightning.lightning.trainer import ROUND_DEFAULTS, federated_trainer
+from fl_lightning.lightning.trainer import ROUND_DEFAULTS, FederatedTrainer, federated_trainer
 
 __all__ = [
     "ROUND_DEFAULTS",
     "AtomicCheckpointIO",
     "FederatedModule",
+    "FederatedTrainer",
     "LastRoundCheckpoint",
     "console",
     "federated_trainer",

@@ -31,7 +31,7 @@ from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.console import printing
-from fl_lightning.lightning.loggers import claim_version_on_first_use, continue_run, resumed_run
+from fl_lightning.lightning.loggers import claim_version_on_first_use, continue_run, resumed_run, run_label
 
 log = logging.getLogger("fl_lightning")
 
@@ -100,6 +100,7 @@ def federated_trainer(
     logger: Logger | Iterable[Logger] | bool | None = None,
     plugins: Any = None,
     default_root_dir: str | os.PathLike | None = None,
+    name: str | None = None,
     **trainer_kwargs: Any,
 ) -> FederatedTrainer:
     """A Lightning ``Trainer`` whose unit of progress is a federated round.
@@ -129,6 +130,9 @@ def federated_trainer(
         logger: As for ``Trainer`` (``False``: no logs, no run folder).
         plugins: As for ``Trainer``.
         default_root_dir: Where ``lightning_logs/`` goes (default: the working folder).
+        name: A label of the run folder, ``version_N-<name>`` (TensorBoard's run name too); ``"auto"``: the
+            strategy, partition, client transform and system model (``version_3-fedbuff-dirichlet-devices``,
+            :func:`~fl_lightning.lightning.loggers.run_label`); None: ``version_N``.
         **trainer_kwargs: Any other ``Trainer`` argument.
 
     Raises:
@@ -140,6 +144,7 @@ def federated_trainer(
         logger=logger,
         plugins=plugins,
         default_root_dir=default_root_dir,
+        name=name,
         **trainer_kwargs,
     )
 
@@ -151,6 +156,7 @@ def round_trainer(
     logger: Logger | Iterable[Logger] | bool | None = None,
     plugins: Any = None,
     default_root_dir: str | os.PathLike | None = None,
+    name: str | None = None,
     hparams: Mapping[str, Any] | None = None,
     on_new_run_folder: Callable[[Path], None] | None = None,
     **trainer_kwargs: Any,
@@ -189,8 +195,18 @@ def round_trainer(
         root = Path(default_root_dir or os.getcwd())
         check_writable(root, "trainer.default_root_dir")
         logger = TensorBoardLogger(save_dir=str(root), name="lightning_logs", version=None)
+    built: list[Trainer] = []
+
+    def label() -> str | None:
+        """The run folder's label (``"auto"``: known once the Trainer holds the module and its data)."""
+        if name != "auto":
+            return name
+        trainer = built[0] if built else None
+        module = trainer.lightning_module if trainer is not None else None
+        return run_label(module, trainer.datamodule) if module is not None else None
+
     for lg in _as_list(logger) if logger is not False else []:
-        claim_version_on_first_use(lg, on_new_run_folder)
+        claim_version_on_first_use(lg, on_new_run_folder, label)
     with printing():  # Lightning's device lines and tips, left out as in a command
         trainer = FederatedTrainer(
             max_steps=max_steps,
@@ -200,6 +216,7 @@ def round_trainer(
             default_root_dir=default_root_dir,
             **args,
         )
+    built.append(trainer)
     check_writable(trainer.default_root_dir, "trainer.default_root_dir")
     for lg in trainer.loggers:
         if lg.save_dir is not None:

@@ -158,3 +158,17 @@ def test_from_python_the_progress_and_summary_print_without_console(tmp_path, ca
     captured = capsys.readouterr()
     assert "fl_lightning summary" in captured.out
     assert "GPU available" not in captured.out + captured.err  # Lightning's status lines left out
+
+
+def test_a_named_run_folder_carries_its_label_and_auto_names_strategy_split_and_system(tmp_path):
+    from fl_lightning.strategies import FedProx
+
+    named = federated_trainer(max_steps=1, default_root_dir=tmp_path, name="my run", **FAST)
+    _fit(named)
+    auto = federated_trainer(max_steps=1, default_root_dir=tmp_path, name="auto", **FAST)
+    _fit(auto, strategy=FedProx(mu=0.1))
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == [
+        "version_0-my-run",
+        "version_1-fedprox-dirichlet",
+    ]
+    assert read_summary(auto.log_dir)["rounds"] == 1
