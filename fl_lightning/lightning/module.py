@@ -72,7 +72,8 @@ class FederatedModule(LightningModule):
     (``data.val_fraction > 0``), else on the global test set (``global/*``), ``test`` evaluates it on the
     test set (``test/*``), and ModelCheckpoint, EarlyStopping and LearningRateMonitor work per round.
     Fit it with :func:`~fl_lightning.lightning.trainer.federated_trainer`, whose defaults make a round a
-    step (a plain ``Trainer`` validates once per epoch, i.e. after the last round).
+    step (a plain ``Trainer`` validating once per epoch, i.e. after the last round, is refused in one line).
+    :meth:`load_from_checkpoint` rebuilds it from a checkpoint (the arguments are saved in it).
 
     Args:
         client: The client LightningModule: network, task loss, local optimizer.
