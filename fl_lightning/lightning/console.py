@@ -113,20 +113,24 @@ def quiet(verbose: bool = False) -> Iterator[None]:
 @contextlib.contextmanager
 def console(verbose: bool = False) -> Iterator[None]:
     """The console of a command: the ``fl_lightning`` logger on stdout (INFO; DEBUG with ``verbose``: a line
-    per round) and :func:`quiet` for the block."""
-    logger = logging.getLogger("fl_lightning")
-    if not logger.handlers:
-        handler = _StdoutHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    per round) and :func:`quiet` for the block; the logger is as it was after it."""
     global _open_consoles
+    logger = logging.getLogger("fl_lightning")
+    level, added = logger.level, None
+    if not logger.handlers:
+        added = _StdoutHandler()
+        added.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(added)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     _open_consoles += 1
     try:
         with quiet(verbose):
             yield
     finally:
         _open_consoles -= 1
+        logger.setLevel(level)
+        if added is not None:
+            logger.removeHandler(added)
 
 
 def printing() -> contextlib.AbstractContextManager[None]:
