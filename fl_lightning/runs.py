@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+#: A run folder's name: ``version_N``, or ``version_N-<label>`` (a run's ``name``: ``version_3-fedbuff``).
+RUN_FOLDER = re.compile(r"version_(\d+)(?:-[\w.+=-]+)?")
+
+
+def run_number(path: str | Path) -> int | None:
+    """The ``N`` of a run folder ``version_N[-<label>]``; None for another name."""
+    match = RUN_FOLDER.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
 
 def latest_run(root: str | Path, with_summary: bool = False) -> Path:
-    """The newest ``<root>/lightning_logs/version_<n>`` folder (the highest ``n``).
+    """The newest ``<root>/lightning_logs/version_<n>[-<label>]`` folder (the highest ``n``).
 
     With ``with_summary`` only runs that finished (wrote ``summary.json``) count.
     """
     runs = [
         v
         for v in Path(root, "lightning_logs").glob("version_*")
-        if not with_summary or (v / "summary.json").exists()
+        if run_number(v) is not None and (not with_summary or (v / "summary.json").exists())
     ]
     if not runs:
         raise FileNotFoundError(f"no {'finished ' if with_summary else ''}run under {root}/lightning_logs")
-    return max(runs, key=lambda p: int(p.name.split("_")[1]))
+    return max(runs, key=lambda p: run_number(p) or 0)
 
 
 def read_summary(run: str | Path) -> dict[str, Any]:

@@ -117,3 +117,10 @@ def make_engine(
     engine = Engine(client, strategy or FedAvg(), EngineConfig(local, **config))
     engine.setup(data.clients, data.task, data.num_classes, executor=default_executor(local))
     return engine
+
+
+@pytest.fixture(autouse=True)
+def _no_global_seed_across_tests(monkeypatch):
+    """``seed=None`` follows the last ``seed_everything`` of the process (``PL_GLOBAL_SEED``): a test that
+    seeds (the command line always does) must not change the seed of the modules the next test builds."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)

@@ -82,6 +82,27 @@ def test_help_reads_as_typed_and_leaves_out_the_flags_a_federated_round_refuses(
     assert "python -m fl_lightning list [" in top and "python -m fl_lightning sweep FILE.yaml" in top
 
 
+def test_a_classs_help_reads_as_typed_with_its_docstrings_whole_first_sentence(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.strategy.help", "FedBuff"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m fl_lightning fit [--model.strategy.concurrency")
+    words = " ".join(text.split())
+    assert (
+        '"Federated Learning with Buffered Asynchronous Aggregation" (AISTATS 2022), Alg. 1 and Sec. 3:'
+        in words
+    )
+
+
+def test_first_sentence_skips_abbreviations_initials_and_numbers():
+    from fl_lightning.config.parser import first_sentence
+
+    assert first_sentence("Xie et al. (2019), Alg. 1, e.g. 0.5 steps. More.") == (
+        "Xie et al. (2019), Alg. 1, e.g. 0.5 steps."
+    )
+    assert first_sentence("No stop at all") == "No stop at all"
+
+
 def test_model_attack_is_off_by_default_and_printed_with_its_fields(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli(tmp_path, "fit", "--print_config")
@@ -241,9 +262,11 @@ def test_nan_lr_in_a_yaml_config_is_one_line(tmp_path, capsys):
             ["--nope=1"],
             "error: --nope is not an option; `python -m fl_lightning fit --help` lists the options",
         ),
+        (["--model.attack.kind=noise"], "error: model.attack.kind=noise is not one of sign_flip, scale"),
         (
-            ["--model.attack.kind=noise"],
-            "error: model.attack.kind: Expected a typing.Literal['sign_flip', 'scale']",
+            ["--model.strategy=FedAsync", "--model.strategy.staleness=polynomal"],
+            "error: model.strategy.staleness=polynomal is not one of constant, polynomial, hinge; "
+            "did you mean polynomial?",
         ),
         (
             ["--model.attack={kind: scale, ratio: 1}"],
@@ -889,6 +912,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         ("transforms (--data.client_transform=NAME)", "LabelPermutation"),
         ("models (model.client.init_args.net", "CharLSTM"),
         ("datasets (--data.dataset=NAME)", "fedprox_synthetic"),
+        ("systems (--model.system=NAME)", "Stragglers"),
     ]:
         assert section in out and name in out, section
     with pytest.raises(SystemExit):
@@ -900,7 +924,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         main(["list", "optimizers"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: list: 'optimizers' is not one of " + (
-        "strategies, models, datasets, partitions, transforms\n"
+        "strategies, models, datasets, partitions, transforms, systems\n"
     )
     # a listed name the old listing spelled differently (fast_slow) is taken by the CLI
     with pytest.raises(SystemExit):
@@ -958,3 +982,58 @@ def test_the_straggler_preset_from_the_command_line_logs_the_simulated_clock(tmp
         assert read_summary(run)["sim_time_s"] > 0
         weights[policy] = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert any(not torch.equal(weights["drop"][k], weights["partial"][k]) for k in weights["drop"])
+
+
+def test_a_checkpoint_of_fit_rebuilds_its_module_and_data_module_from_python(tmp_path):
+    """The command line's config of model and data is in its checkpoints (Lightning's hparams), and a resume
+    from the command line still takes the config given (the fingerprint and the changed-values warning)."""
+    import torch as _torch
+
+    from fl_lightning import FederatedDataModule, FederatedModule
+
+    run_cli(
+        tmp_path,
+        "fit",
+        *FAST,
+        "--seed_everything=5",
+        "--model.strategy=FedProx",
+        "--model.strategy.mu=0.2",
+        "--data.partition=Pathological",
+        "--data.partition.classes_per_client=3",
+    )
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = _torch.load(last, weights_only=True)
+    assert saved["hyper_parameters"]["strategy"]["init_args"]["mu"] == 0.2
+    model, data = FederatedModule.load_from_checkpoint(last), FederatedDataModule.load_from_checkpoint(last)
+    assert (type(model.strategy).__name__, model.strategy.mu, model.seed) == ("FedProx", 0.2, 5)
+    assert (type(data.partition).__name__, data.partition.classes_per_client, data.seed) == (
+        "Pathological",
+        3,
+        5,
+    )
+    for key in (
+        "hyper_parameters",
+        "datamodule_hyper_parameters",
+    ):  # a checkpoint written before: config.yaml
+        saved.pop(key)
+    _torch.save(saved, last)
+    assert FederatedModule.load_from_checkpoint(last).strategy.mu == 0.2
+    assert FederatedDataModule.load_from_checkpoint(last).partition.classes_per_client == 3
+
+
+def test_a_named_run_resumes_and_is_evaluated_in_its_labelled_folder(tmp_path, capsys):
+    run_cli(tmp_path, "fit", *FAST, "--name=auto", "--model.strategy=FedAvg", "--data.partition=IID")
+    run = tmp_path / "lightning_logs" / "version_0-fedavg-iid"
+    last = run / "checkpoints" / "last.ckpt"
+    run_cli(
+        tmp_path,
+        "fit",
+        *FAST,
+        "--name=auto",
+        "--data.partition=IID",
+        "--trainer.max_steps=3",
+        f"--ckpt_path={last}",
+    )
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [run.name]  # continued in place
+    main(["test", f"--ckpt_path={last}"])  # reads the run's config.yaml
+    assert (run / "test").is_dir() and json.loads((run / "summary.json").read_text())["rounds"] == 3

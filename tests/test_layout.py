@@ -3,7 +3,8 @@
 Every subpackage (or top-level module) of ``fl_lightning`` sits in one layer, and imports only its own
 subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside functions included:
 
-   10  fl_lightning (the package root: re-exports), __main__ (the subcommands' dispatch)
+   10  fl_lightning (the package root: re-exports), __main__ (the subcommands' dispatch), system (the
+       system models re-exported)
     9  sweep        grids of runs over seeds (processes of the command line; its parser reads their
                     arguments)
     8  cli | flower the command line | the Flower adapter: ServerApp/ClientApp over the engine (optional
@@ -19,7 +20,8 @@ subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside f
                     Strategy base, the Task, TaskMetrics, ClientModule
     2  data | models
                     datasets and partitions | networks (neither imports the other)
-    1  functional   pure math on whole parameter groups
+    1  functional | pure math on whole parameter groups | the constructor arguments a checkpoint saves
+       hparams      (neither imports the other)
     0  errors, runs, ConfigError, RunError, check_number; reading finished run folders; the lazy class
        defaults     defaults that --print_config shows
 
@@ -40,6 +42,8 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "runs": 0,
     "defaults": 0,
+    "hparams": 1,
+    "system": 10,
     "functional": 1,
     "data": 2,
     "models": 2,

@@ -36,3 +36,17 @@ def test_read_scalars_gives_every_tag_with_its_steps(tmp_path):
     writer.add_scalar("round/clients", 4.0, 1)
     writer.close()
     assert read_scalars(tmp_path) == {"global/acc": [(1, 0.5), (2, 0.75)], "round/clients": [(1, 4.0)]}
+
+
+def test_labelled_run_folders_count_by_their_number(tmp_path):
+    from fl_lightning.runs import run_number
+
+    for name in ("version_2-fedavg-iid", "version_10-fedbuff-dirichlet-devices", "version_9", "versions"):
+        (tmp_path / "lightning_logs" / name).mkdir(parents=True)
+    assert latest_run(tmp_path).name == "version_10-fedbuff-dirichlet-devices"
+    assert [run_number(p) for p in ("version_3", "version_3-my-run", "version_x", "other")] == [
+        3,
+        3,
+        None,
+        None,
+    ]

@@ -15,6 +15,7 @@ from fl_lightning.api.task import Task
 from fl_lightning.api.types import TrainState
 from fl_lightning.defaults import lazy_default
 from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.hparams import record_hyperparameters
 from fl_lightning.models.cnn import SmallCNN
 
 #: The default network, for the embedded digits data; a lazy instance so ``--print_config`` shows it.
@@ -85,6 +86,8 @@ class ClientModule(LightningModule):
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
+        arguments = {"net": self.net, "task": task, "optimizer": optimizer, "lr": lr, "momentum": momentum}
+        record_hyperparameters(self, {**arguments, "weight_decay": weight_decay})  # for checkpoints
         # nan_strategy="disable": no NaN check, so no host sync (torchmetrics 1.9 then ignores `weight`,
         # hence each loss is passed repeated once per sample of its batch instead of weighted); no
         # sync_on_compute: each process trains its own clients.

@@ -195,8 +195,10 @@ class FederatedSummary(Callback):
     def _log_hyperparams(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The run's hyperparameters and its summary numbers, for TensorBoard's HPARAMS tab."""
         params = self.hparams
-        if params is None:
-            params = dict(getattr(pl_module, "hparams", None) or {})
+        if params is None:  # from Python: the module's and data module's arguments, as the CLI's config
+            data = getattr(trainer.datamodule, "hparams", None) or {}
+            model = dict(getattr(pl_module, "hparams", None) or {})
+            params = flatten_config({"model": model, "data": dict(data)})
         metrics = hparam_metrics(self.summary)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

@@ -63,22 +63,24 @@ class FederatedCLI(RunBuilder):
         if self._run_config is not None:
             runs.log.info("reading the run's configuration from %s", self._run_config)
             args = [argv[0], f"--config={self._run_config}", *argv[1:]]
-        super().parse_arguments(parser, args)
+        subcommand = argv[0] if argv and argv[0] in self.subcommands() else None
+        with cli_help.usage_of(subcommand):
+            super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` before anything runs (one line if it is not a checkpoint).
 
-        Lightning's version ``torch.load``s the file here to read ``hyper_parameters`` (which
-        FederatedModule does not save) and lets a bad file's traceback through.
+        Lightning's version ``torch.load``s the file here, lets a bad file's traceback through, and replaces
+        the ``model`` config given with the checkpoint's ``hyper_parameters``. Here the config is the command
+        line's: the checkpoint's fingerprint check refuses one it does not fit, and a resume warns about
+        changed hyperparameters (``FederatedModule.load_from_checkpoint`` reads them from Python).
         """
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not runs.local_checkpoint(path):
             return
         weights_only = self.config[subcommand].get("weights_only")  # --weights_only=false: the user's call
-        checkpoint = load_checkpoint_file(path, "cpu", weights_only is not False, mmap=True)
-        if checkpoint.get("hyper_parameters"):
-            super()._parse_ckpt_path()
+        load_checkpoint_file(path, "cpu", weights_only is not False, mmap=True)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         """The run's Trainer, in the run folder of the subcommand (see :mod:`fl_lightning.cli.runs`)."""

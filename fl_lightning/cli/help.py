@@ -11,12 +11,16 @@ and ``python -m fl_lightning list`` show them). Nothing here changes what parses
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import sys
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
 
+from fl_lightning.config.parser import first_sentence
 from fl_lightning.lightning.module import REFUSED_TRAINER_ARGS
 
 PROG = "python -m fl_lightning"
@@ -29,7 +33,7 @@ DESCRIPTION = (
     "  validate  a checkpoint's global model on the validation split (--ckpt_path C.ckpt)\n"
     "  test      ... on the test set\n"
     "  predict   ... its predictions on the test set, in predictions.csv\n"
-    "  list      python -m fl_lightning list [strategies|models|datasets|partitions]\n"
+    "  list      python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]\n"
     "  sweep     python -m fl_lightning sweep FILE.yaml: fit runs over seeds, one table\n\n"
     "`--verbose` (anywhere) shows every message Lightning prints and a line per round."
 )
@@ -67,14 +71,26 @@ def epilog() -> str:
     refused = ", ".join(f"{name} (use {field})" for name, field in REFUSED_TRAINER_ARGS.items())
     return (
         f"Trainer flags a federated round cannot honour are refused and not listed: {refused}. "
-        "`python -m fl_lightning list` lists the strategies, models, datasets and partitions; "
+        "`python -m fl_lightning list` lists the strategies, models, datasets, partitions, transforms and "
+        "system models; "
         "`--model.strategy.help NAME` the options of one."
     )
 
 
-def _first_sentence(text: str) -> str:
-    match = re.search(r"(?<![ .(]\w)(?<!e\.g)(?<!i\.e)\.(\s|$)", text)
-    return text[: match.start() + 1] if match else text
+@contextlib.contextmanager
+def usage_of(subcommand: str | None) -> Iterator[None]:
+    """``python -m fl_lightning <subcommand>`` as the program of every parser made meanwhile (argparse's
+    default is ``sys.argv[0]``'s name, ``__main__.py``): jsonargparse makes one for a class's help,
+    ``--model.strategy.help FedBuff``, without a ``prog``."""
+    saved = sys.argv[0] if sys.argv else None
+    if saved is None or subcommand is None:
+        yield
+        return
+    sys.argv[0] = f"{PROG} {subcommand}"
+    try:
+        yield
+    finally:
+        sys.argv[0] = saved
 
 
 class FederatedHelpFormatter(DefaultHelpFormatter):
@@ -93,7 +109,7 @@ class FederatedHelpFormatter(DefaultHelpFormatter):
         own = action.help if isinstance(action.help, str) else ""
         lightnings = action.dest.startswith("trainer.") or action.dest in FEDERATED_HELP
         if lightnings and own and text.startswith(own):
-            short = FEDERATED_HELP.get(action.dest) or _first_sentence(own)
+            short = FEDERATED_HELP.get(action.dest) or first_sentence(own)
             text = short + text[len(own) :]
         return text
 

@@ -1,5 +1,5 @@
-"""``python -m fl_lightning list [strategies|models|datasets|partitions|transforms]``: the names a config
-takes."""
+"""``python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]``: the names a
+config takes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.data.transforms import TRANSFORMS
+from fl_lightning.engine import system
 from fl_lightning.models import MODELS
 from fl_lightning.strategies import list_strategies
 
@@ -23,12 +24,24 @@ LISTS: dict[str, tuple[str, Any]] = {
     "datasets": ("--data.dataset=NAME", list_datasets),
     "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
     "transforms": ("--data.client_transform=NAME", lambda: [c.__name__ for c in TRANSFORMS.values()]),
+    "systems": ("--model.system=NAME", lambda: system_models()),
 }
 
 
+def system_models() -> list[str]:
+    """The system models a config's ``model.system`` takes: the subclasses of ``SystemModel`` that
+    :mod:`fl_lightning.engine.system` exports (``fl_lightning.system`` from Python)."""
+    exported = [getattr(system, name) for name in system.__all__]
+    return [
+        c.__name__
+        for c in exported
+        if isinstance(c, type) and issubclass(c, system.SystemModel) and c is not system.SystemModel
+    ]
+
+
 def list_names(argv: list[str]) -> None:
-    """``python -m fl_lightning list [strategies|models|datasets|partitions|transforms]``: the names a config
-    takes."""
+    """``python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]``: the names a
+    config takes."""
     parser = argparse.ArgumentParser(
         prog="python -m fl_lightning list",
         description="The names a config takes, by config field.",

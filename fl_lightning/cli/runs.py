@@ -21,20 +21,31 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.checkpoint import load_checkpoint_file
-from fl_lightning.lightning.loggers import RoundStepLogger
+from fl_lightning.lightning.loggers import (
+    SPECIAL_CKPT_PATHS,
+    RoundStepLogger,
+    checkpoint_rounds,
+    local_checkpoint,
+    resumed_run,
+)
+
+__all__ = [
+    "SPECIAL_CKPT_PATHS",
+    "checkpoint_rounds",
+    "evaluation_logger",
+    "files_of",
+    "local_checkpoint",
+    "remove_new_files",
+    "resume_logger",
+    "resumed_run",
+    "run_config",
+    "writing_run_config",
+]
 
 log = logging.getLogger("fl_lightning")
 
-#: ``--ckpt_path`` values Lightning resolves itself instead of naming a file.
-SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
-
 #: The subcommands that evaluate a checkpoint; without ``--config`` they read its run's ``config.yaml``.
 EVALUATION = ("validate", "test", "predict")
-
-
-def local_checkpoint(ckpt: Any) -> bool:
-    """Whether ``ckpt`` names a local file (not empty, not ``last``/``best``/..., not a URL)."""
-    return bool(ckpt) and str(ckpt) not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt)
 
 
 def run_config(argv: list[str]) -> Path | None:
@@ -80,35 +91,6 @@ def writing_run_config(ckpt: Any) -> Path | None:
         if config.is_file():
             return config
     return None
-
-
-def resumed_run(ckpt: Any) -> tuple[Path, int] | None:
-    """``(run folder, rounds)`` when ``fit --ckpt_path`` should continue the checkpoint's own run.
-
-    That is a checkpoint under ``<run>/checkpoints/`` with at least the rounds of the run's ``last.ckpt``
-    (it is ``last.ckpt``, or a newer copy); None for anything else (a new run folder).
-    """
-    if not local_checkpoint(ckpt):
-        return None
-    path = Path(ckpt).expanduser().resolve()
-    if path.parent.name != "checkpoints":
-        return None
-    run = path.parent.parent
-    rounds = checkpoint_rounds(path)
-    last = path.parent / "last.ckpt"
-    if rounds is None or (last != path and last.exists() and (checkpoint_rounds(last) or 0) > rounds):
-        if rounds is not None:
-            log.info("resuming from round %d of %s, which went further: a new run folder", rounds, run)
-        return None
-    return run, rounds
-
-
-def checkpoint_rounds(path: Path) -> int | None:
-    """The rounds a checkpoint file has done (its ``global_step``); None if it cannot be read."""
-    try:
-        return int(load_checkpoint_file(path, "cpu", True, mmap=True).get("global_step", 0))
-    except ConfigError:
-        return None
 
 
 def resume_logger(run: Path, rounds: int) -> TensorBoardLogger:

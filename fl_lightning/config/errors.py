@@ -27,6 +27,8 @@ _NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 _OPTION = re.compile(r"Option '(\w+)' is not accepted")
 _FLOAT = re.compile(r"Expected a <class 'float'>")
 _VALUE = re.compile(r"(?:Got value|Given value): (\S+)")
+_LINK = re.compile(r"argument (?:\w+\()?([\w.]+)\)? --> ([\w.]+): ")
+_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (\S+)")
 
 
 def did_you_mean(names: list[str]) -> str:
@@ -142,6 +144,9 @@ def parse_error(
     text = " ".join(message.split())
     if text.startswith("unrecognized arguments: "):
         return _unknown_arguments(text.split(": ", 1)[1].split(" "), options, help_hint), None
+    if match := _LINK.match(text):  # a linked target given on its own (argparse's words depend on its type)
+        source, target = match.groups()
+        return f'Linked "{target}" must be given via "{source}"; set --{source} instead', None
     path: list[str] = []
     class_path = None
     union = re.search(r"Subtypes: \[(.*?)\] Errors:", text)
@@ -174,9 +179,19 @@ def parse_error(
         return f"{what}; {did_you_mean(near) if near else help_hint}", None
     if match := _NOT_A_PATH.search(text):
         return _unknown_class(field, match.group(1), text, subtypes, registries), None
+    if match := _LITERAL.search(text):
+        return _not_a_choice(field, match.group(2), re.findall(r"'([^']*)'", match.group(1))), None
     if _FLOAT.search(text) and (value := _VALUE.search(text)) and NON_FINITE.fullmatch(value.group(1)):
         return f"{field}={value.group(1)} must be a finite number", (field, value.group(1))
     return f"{field}: {detail}", None
+
+
+def _not_a_choice(field: str, given: str, choices: list[str]) -> str:
+    """``model.strategy.staleness=polynomal is not one of constant, polynomial, hinge; did you mean
+    polynomial?``."""
+    near = close_names(given, choices)
+    listed = ", ".join(choices)
+    return f"{field}={given} is not one of {listed}" + (f"; {did_you_mean(near)}" if near else "")
 
 
 def _unknown_arguments(args: list[str], options: Callable[[], list[str]], help_hint: str) -> str:

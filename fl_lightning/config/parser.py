@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -71,6 +73,16 @@ class FederatedArgumentParser(LightningArgumentParser):
         sys.stderr.write(f"error: {text}\n")
         self.exit(2)
 
+    def _create_group_if_requested(
+        self, obj: Any, nested_key: Any, as_group: Any, doc_group: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """A class's options under its docstring's whole first sentence (jsonargparse titles the group with
+        the docstring's first line: "FedBuff, ..., "Federated Learning with Buffered")."""
+        doc = inspect.getdoc(obj) if inspect.isclass(obj) and isinstance(doc_group, str) else None
+        if doc:
+            doc_group = first_sentence(" ".join(doc.split("\n\n", 1)[0].split()))
+        return super()._create_group_if_requested(obj, nested_key, as_group, doc_group, *args, **kwargs)
+
     def _help_hint(self) -> str:
         command = getattr(self, "subcommand", None) or "fit"
         return f"`python -m fl_lightning {command} --help` lists the options"
@@ -81,6 +93,20 @@ class FederatedArgumentParser(LightningArgumentParser):
         with contextlib.suppress(Exception):  # an error inside an error message: the parser's own suffice
             keys += config_keys(self.get_defaults().as_dict())
         return keys
+
+
+#: Words whose full stop ends no sentence (``e.g.``, ``et al.``, ``Alg. 1``, ``Sec. 3``, ...).
+ABBREVIATIONS = frozenset({"e.g", "i.e", "al", "alg", "sec", "eq", "eqs", "fig", "tab", "vs", "cf", "etc"})
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to its first full stop that ends a sentence (not one of an abbreviation, an initial or
+    a number)."""
+    for match in re.finditer(r"\.(\s|$)", text):
+        word = re.split(r"[\s(]", text[: match.start()])[-1]
+        if len(word) > 1 and word.lower() not in ABBREVIATIONS:
+            return text[: match.start() + 1]
+    return text
 
 
 def yaml_error(args: list[Any]) -> str | None:

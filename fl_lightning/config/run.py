@@ -30,8 +30,9 @@ from fl_lightning.config.parser import FederatedArgumentParser
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.console import quiet
+from fl_lightning.lightning.loggers import run_label
 from fl_lightning.lightning.module import FederatedModule
-from fl_lightning.lightning.trainer import DEFAULT_ROUNDS, ROUND_DEFAULTS, federated_trainer
+from fl_lightning.lightning.trainer import DEFAULT_ROUNDS, ROUND_DEFAULTS, round_trainer
 
 #: The Trainer defaults of a run's configuration: one training step is one round (see FederatedModule).
 TRAINER_DEFAULTS: dict[str, Any] = {"max_steps": DEFAULT_ROUNDS, **ROUND_DEFAULTS}
@@ -110,6 +111,14 @@ class RunBuilder(LightningCLI):
         ``seed_everything``: set it to keep a split fixed while ``seed_everything`` varies the training.
         """
         parser.link_arguments("seed_everything", "model.seed", compute_fn=run_seed)
+        parser.add_argument(
+            "--name",
+            type=str | None,
+            default=None,
+            help="A label of the run folder, lightning_logs/version_N-<name> (TensorBoard's run name too); "
+            "auto: the strategy, partition, client transform and system model "
+            "(version_3-fedbuff-dirichlet-devices); null: version_N.",
+        )
         for action in parser._actions:  # argparse has no public API to edit an action's help
             if action.dest == "seed_everything":
                 action.help = (
@@ -158,8 +167,11 @@ class RunBuilder(LightningCLI):
         config["callbacks"] = given
         hparams = flatten_config(run_config.as_dict() if hasattr(run_config, "as_dict") else dict(run_config))
         self._trainer_config = dict(config)
+        name = run_config.get("name")
+        if name == "auto":
+            name = run_label(getattr(self, "model", None), getattr(self, "datamodule", None))
         try:
-            return federated_trainer(**config, hparams=hparams, on_new_run_folder=self._claimed.append)
+            return round_trainer(**config, name=name, hparams=hparams, on_new_run_folder=self._claimed.append)
         except ConfigError:
             raise
         except (MisconfigurationException, ValueError, ImportError) as err:

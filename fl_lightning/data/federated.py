@@ -28,6 +28,7 @@ from fl_lightning.data.shakespeare import ShakespeareData
 from fl_lightning.data.transforms import ClientTransform
 from fl_lightning.defaults import lazy_default
 from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.hparams import global_seed, read_checkpoint, rebuild, record_hyperparameters
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ class FederatedDataModule(LightningDataModule):
             monitor and the summary's "best") use it, and ``test`` uses the test set. 0 (default):
             no validation split; validation then evaluates the test set.
         seed: Seed of the partition, of the local test split and of the validation split. None: the
-            run's seed (``seed_everything`` on the command line; 0 from Python). Set it to keep the
+            run's seed (``seed_everything`` on the command line; from Python the last
+            ``lightning.seed_everything``'s, else 0). Set it to keep the
             split fixed while ``seed_everything`` varies the initialisation and client sampling.
         synthetic: Options of the generated data (``data.synthetic.shape``, ``num_classes``,
             ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
@@ -259,6 +261,7 @@ class FederatedDataModule(LightningDataModule):
         leaf: LeafData | None = None,
         fedprox_synthetic: FedProxSyntheticData | None = None,
     ) -> None:
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
         if not 0.0 <= local_test_fraction < 1.0:
             raise ConfigError(
@@ -288,7 +291,7 @@ class FederatedDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.local_test_fraction = local_test_fraction
         self.val_fraction = val_fraction
-        self.seed = 0 if seed is None else seed
+        self.seed = global_seed() if seed is None else seed
         self.synthetic = synthetic
         self.client_transform = client_transform
         self.shakespeare = shakespeare
@@ -298,8 +301,18 @@ class FederatedDataModule(LightningDataModule):
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
         self.val_idx = torch.zeros(0, dtype=torch.int64)
+        record_hyperparameters(self, {**arguments, "seed": self.seed})  # for load_from_checkpoint
 
     # ------------------------------------------------------------------------------- setup
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, **kwargs: Any) -> FederatedDataModule:  # type: ignore[override]
+        """The data module a checkpoint of ``fit`` was written with (its arguments; ``kwargs`` replace them).
+
+        A checkpoint written before the arguments were saved takes them from its run folder's ``config.yaml``.
+        """
+        checkpoint = read_checkpoint(checkpoint_path)
+        return rebuild(cls, checkpoint, checkpoint_path, cls.CHECKPOINT_HYPER_PARAMS_KEY, "data", kwargs)
+
     def prepare_data(self) -> None:
         if self.download and not is_synthetic(self.dataset):
             load_dataset(self.dataset, self.root, download=True)

@@ -10,8 +10,8 @@
 * :func:`check_resume` refuses a checkpoint from another config (its fingerprint) or one that has
   already done ``trainer.max_steps`` rounds, and warns about changed hyperparameters.
 
-The CLI installs the first two by default; from Python:
-``Trainer(plugins=[AtomicCheckpointIO()], callbacks=[LastRoundCheckpoint()])``.
+:func:`~fl_lightning.lightning.trainer.federated_trainer` installs the first two (the command line's Trainer
+and Python's alike).
 """
 
 from __future__ import annotations

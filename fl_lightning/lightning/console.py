@@ -5,7 +5,9 @@ reached", checkpoint restore notices, ...). :func:`quiet` drops them, and the wa
 federated run, for the duration of a ``with`` block only: nothing is filtered at import. :func:`console` is
 :func:`quiet` plus the ``fl_lightning`` logger on stdout (the progress lines and the summary); the command
 line runs every command inside it, the Flower ServerApp its fit, and the Flower ClientApp builds its run
-inside :func:`quiet`. From Python: ``with console(): trainer.fit(...)``.
+inside :func:`quiet`. From Python, :func:`printing` does it for a
+:class:`~fl_lightning.lightning.trainer.FederatedTrainer`'s ``fit``/``validate``/``test``/``predict`` unless
+logging is configured already, so ``trainer.fit(...)`` prints as the command line does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ QUIET = re.compile(
     r"|Loaded model weights from the checkpoint|The dirpath has changed from"
     r"|Initializing distributed: GLOBAL_RANK|All distributed processes registered"
 )
+
+
+#: How many :func:`console` blocks are open (a command's, a Flower app's): :func:`printing` leaves them be.
+_open_consoles = 0
 
 
 class _DropNoise(logging.Filter):
@@ -107,12 +113,32 @@ def quiet(verbose: bool = False) -> Iterator[None]:
 @contextlib.contextmanager
 def console(verbose: bool = False) -> Iterator[None]:
     """The console of a command: the ``fl_lightning`` logger on stdout (INFO; DEBUG with ``verbose``: a line
-    per round) and :func:`quiet` for the block."""
+    per round) and :func:`quiet` for the block; the logger is as it was after it."""
+    global _open_consoles
     logger = logging.getLogger("fl_lightning")
+    level, added = logger.level, None
     if not logger.handlers:
-        handler = _StdoutHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
+        added = _StdoutHandler()
+        added.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(added)
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    with quiet(verbose):
-        yield
+    _open_consoles += 1
+    try:
+        with quiet(verbose):
+            yield
+    finally:
+        _open_consoles -= 1
+        logger.setLevel(level)
+        if added is not None:
+            logger.removeHandler(added)
+
+
+def printing() -> contextlib.AbstractContextManager[None]:
+    """:func:`console` for a Trainer's ``fit``/``validate``/``test``/``predict`` from Python, unless one is
+    open (a command's) or logging is configured: the ``fl_lightning`` logger has a handler other than
+    :func:`console`'s, or the root logger has handlers and shows ``INFO`` (``logging.basicConfig(level=
+    "INFO")``: the lines go there, once)."""
+    logger, root = logging.getLogger("fl_lightning"), logging.getLogger()
+    own = any(not isinstance(h, _StdoutHandler) for h in logger.handlers)
+    configured = own or (bool(root.handlers) and root.level <= logging.INFO)
+    return contextlib.nullcontext() if _open_consoles or configured else console()

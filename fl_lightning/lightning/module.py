@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 from typing import Any, Literal
 
 import torch
@@ -34,8 +35,15 @@ from fl_lightning.engine.state import ClientStateStore
 from fl_lightning.engine.system import SystemModel
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import to_device
-from fl_lightning.lightning.checkpoint import attached_trainer, check_resume, hyperparameters
+from fl_lightning.hparams import global_seed, rebuild, record_hyperparameters
+from fl_lightning.lightning.checkpoint import (
+    attached_trainer,
+    check_resume,
+    hyperparameters,
+    load_checkpoint_file,
+)
 from fl_lightning.lightning.loggers import RoundStepLogger
+from fl_lightning.lightning.trainer import FederatedTrainer
 from fl_lightning.models.sizing import size_to_data
 from fl_lightning.strategies.fedavg import FedAvg
 
@@ -66,7 +74,8 @@ class FederatedModule(LightningModule):
     (``data.val_fraction > 0``), else on the global test set (``global/*``), ``test`` evaluates it on the
     test set (``test/*``), and ModelCheckpoint, EarlyStopping and LearningRateMonitor work per round.
     Fit it with :func:`~fl_lightning.lightning.trainer.federated_trainer`, whose defaults make a round a
-    step (a plain ``Trainer`` validates once per epoch, i.e. after the last round).
+    step (a plain ``Trainer`` validating once per epoch, i.e. after the last round, is refused in one line).
+    :meth:`load_from_checkpoint` rebuilds it from a checkpoint (the arguments are saved in it).
 
     Args:
         client: The client LightningModule: network, task loss, local optimizer.
@@ -99,8 +108,9 @@ class FederatedModule(LightningModule):
             failed is skipped (global model and server optimizer unchanged, ``round/failed_clients``
             logged, a warning); this many consecutive skipped rounds stop the run with a
             :class:`~fl_lightning.errors.RunError` that quotes the first client's error.
-        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). On
-            the command line it is ``seed_everything`` (linked; not a separate option).
+        seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). None: the
+            run's one seed, that of the last ``lightning.seed_everything`` (0 if none was set), as on the
+            command line, where it is ``seed_everything`` (linked; not a separate option).
         state_memory_mb: Memory budget of the per-client state store in MiB; states of the least
             recently trained clients beyond it are kept on disk (None: all in memory).
         state_dir: Folder for spilled client states (default: a temporary folder).
@@ -149,7 +159,7 @@ class FederatedModule(LightningModule):
         eval_fraction: float = 1.0,
         tolerate_client_failures: bool = True,
         max_failed_rounds: int = 3,
-        seed: int = 0,
+        seed: int | None = None,
         state_memory_mb: float | None = None,
         state_dir: str | None = None,
         threads_per_process: int | None = None,
@@ -158,7 +168,9 @@ class FederatedModule(LightningModule):
         vectorize_memory_gb: float | None = None,
         vectorize_cpu: Literal["measure", "batched", "one_at_a_time"] = "measure",
     ) -> None:
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
+        seed = global_seed() if seed is None else seed
         if state_memory_mb is not None:
             check_number(state_memory_mb, "model.state_memory_mb", low=0, hint="or null for no limit")
         if threads_per_process is not None and threads_per_process < 1:
@@ -206,6 +218,11 @@ class FederatedModule(LightningModule):
         self.global_metrics: TaskMetrics | None = None
         #: Per-group global metrics (``global/group<g>/*``) under a client transform's per-group evaluation.
         self.group_metrics: dict[int, TaskMetrics] = {}
+        #: The checkpoint state of :meth:`load_from_checkpoint`, applied once a Trainer sets the module up.
+        self._loaded_state: dict[str, Any] | None = None
+        record_hyperparameters(
+            self, {**arguments, "client": self.client, "strategy": self.strategy, "seed": seed}
+        )
 
     # ------------------------------------------------------------------------------ wiring
     @property
@@ -259,6 +276,9 @@ class FederatedModule(LightningModule):
         self.connect_data(dm, self.trainer.precision_plugin)
         self.global_metrics = Task(dm.task).metrics(dm.num_classes)
         self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
+        loaded, self._loaded_state = self._loaded_state, None
+        if loaded is not None and stage != "fit":  # fit restores its ckpt_path (without one: a new run)
+            self.on_load_checkpoint(loaded)
 
     def connect_data(self, dm: FederatedDataModule, precision_plugin: Any = None) -> None:
         """Check the model against ``dm`` (set up) and set the round engine up on its clients.
@@ -524,12 +544,55 @@ class FederatedModule(LightningModule):
             **system,
         }
 
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls, checkpoint_path: str | os.PathLike, strict: bool = True, **kwargs: Any
+    ) -> FederatedModule:
+        """The module a checkpoint of ``fit`` was written by: arguments, weights, client states and history.
+
+        The arguments are those the checkpoint saved (``hparams``: the command line's config of ``model``, or
+        the objects given from Python as their config); a checkpoint written before they were saved takes
+        them from the ``config.yaml`` of its run folder. ``kwargs`` replace arguments (objects included,
+        e.g. ``client=ClientModule(...)``); ``seed`` is the checkpoint's. The client states and history are
+        applied once a Trainer sets the module up with its data (``validate``/``test``/``predict``), after
+        the checkpoint's fingerprint is checked against that data; to continue training, give the checkpoint
+        to ``fit`` as ``ckpt_path`` too, as with any Lightning module::
+
+            model = FederatedModule.load_from_checkpoint(path)
+            data = FederatedDataModule.load_from_checkpoint(path)
+            federated_trainer(max_steps=20).fit(model, datamodule=data, ckpt_path=path)
+
+        Raises:
+            ConfigError: one line for a file that is not a checkpoint of ``fit``, a class the checkpoint names
+                that is not imported, or a network that its saved arguments do not rebuild (a class that does
+                not keep its constructor arguments): then pass ``client=``.
+        """
+        checkpoint = load_checkpoint_file(checkpoint_path, "cpu")
+        fl = checkpoint.get("fl_lightning")
+        if fl is None:
+            raise ConfigError(
+                f"ckpt_path: {checkpoint_path} has no fl_lightning state; FederatedModule did not write it"
+            )
+        module = rebuild(cls, checkpoint, checkpoint_path, cls.CHECKPOINT_HYPER_PARAMS_KEY, "model", kwargs)
+        saved_net = fl.get("net")
+        if saved_net is not None and "client" not in kwargs and saved_net != repr(module.client.net):
+            net = type(module.client.net).__name__
+            raise ConfigError(
+                f"ckpt_path: model.client.net: the {net} rebuilt from {checkpoint_path} differs from the one "
+                f"saved ({net} does not keep every constructor argument); pass the network as for the run: "
+                f"load_from_checkpoint(path, client=ClientModule({net}(...), ...))"
+            )
+        module.on_load_checkpoint(checkpoint)
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
+        return module
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["fl_lightning"] = {
             "fingerprint": self.fingerprint(),
             "hparams": hyperparameters(self),
             "client_state": self.store.state_dict(),
             "history": [r.to_dict() for r in self.history],
+            "net": repr(self.client.net),  # what load_from_checkpoint must rebuild
         }
         schedule = self.engine.schedule_state()
         if schedule is not None:  # the simulated clock, an asynchronous schedule's clients in flight
@@ -541,6 +604,9 @@ class FederatedModule(LightningModule):
             raise ConfigError(
                 "ckpt_path: the checkpoint has no fl_lightning state; it was not written by FederatedModule"
             )
+        if attached_trainer(self) is None:  # load_from_checkpoint: applied when a Trainer sets the module up
+            self._loaded_state = {"fl_lightning": fl, "global_step": checkpoint.get("global_step", 0)}
+            return
         check_resume(self, checkpoint, self.fingerprint())
         self.store.load_state_dict(fl["client_state"])
         restored = [RoundRecord.from_dict(r) for r in fl["history"]]  # older checkpoints: flat dicts
@@ -616,6 +682,11 @@ REFUSED_TRAINER_ARGS: dict[str, str] = {
 def check_trainer_options(trainer: Any) -> None:
     """Refuse Trainer options that the federated module (manual optimisation) cannot honour.
 
+    A plain ``lightning.Trainer`` (not :func:`~fl_lightning.lightning.trainer.federated_trainer`'s) that
+    validates per epoch is refused too: it would validate once, after the last round, silently. One made
+    to validate per round (``val_check_interval=1, check_val_every_n_epoch=None``, the tests' bare
+    Trainers) or not at all (``limit_val_batches=0``) is taken as chosen.
+
     A round is one Trainer step that runs every sampled client's local optimizer itself, so the
     Trainer's gradient clipping and accumulation would never touch a client's gradients, and one
     epoch holds all rounds, so ``max_epochs`` cannot count them. Each error names the equivalent.
@@ -634,6 +705,16 @@ def check_trainer_options(trainer: Any) -> None:
         raise ConfigError(
             f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} does not apply to federated "
             "rounds; set model.local_steps (local steps per round) or data.batch_size instead"
+        )
+    per_epoch = trainer.check_val_every_n_epoch is not None and not isinstance(
+        trainer.val_check_interval, int
+    )
+    if per_epoch and trainer.limit_val_batches != 0 and not isinstance(trainer, FederatedTrainer):
+        raise ConfigError(
+            f"a lightning.Trainer(check_val_every_n_epoch={trainer.check_val_every_n_epoch}) validates a "
+            "FederatedModule once, after the last round (one epoch holds every round), and writes no "
+            "last.ckpt or summary.json; build it with fl_lightning.federated_trainer(max_steps=...) "
+            "(any Trainer argument passes through)"
         )
     max_epochs = trainer.fit_loop.max_epochs
     if trainer.max_steps > 0 and max_epochs not in (None, -1, 1):

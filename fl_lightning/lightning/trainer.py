@@ -1,20 +1,24 @@
 """The round-as-step Trainer: :func:`federated_trainer`, for the command line, Flower and Python alike.
 
-A :class:`~fl_lightning.lightning.module.FederatedModule` runs one federated round per training step. A
-plain ``Trainer(max_steps=3)`` fits it, but validates once, after the last round (its defaults are made
-for epochs), so ``ModelCheckpoint``/``EarlyStopping`` on ``global/acc`` do not see the rounds, and nothing
-writes ``last.ckpt`` or the summary. :func:`federated_trainer` is the Trainer ``fit`` runs::
+A :class:`~fl_lightning.lightning.module.FederatedModule` runs one federated round per training step.
+:func:`federated_trainer` builds the Trainer ``fit`` runs (a :class:`FederatedTrainer`)::
 
     trainer = federated_trainer(max_steps=40, callbacks=[ModelCheckpoint(monitor="global/acc", mode="max")])
     trainer.fit(FederatedModule(...), datamodule=FederatedDataModule(...))
+
+A plain ``lightning.Trainer`` with its epoch defaults would validate once, after the last round, and write
+neither ``last.ckpt`` nor the summary: the module refuses it with one line naming
+:func:`federated_trainer` (see :func:`~fl_lightning.lightning.module.check_trainer_options`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,8 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
-from fl_lightning.lightning.loggers import claim_version_on_first_use
+from fl_lightning.lightning.console import printing
+from fl_lightning.lightning.loggers import claim_version_on_first_use, continue_run, resumed_run, run_label
 
 log = logging.getLogger("fl_lightning")
 
@@ -45,6 +50,49 @@ ROUND_DEFAULTS: dict[str, Any] = {
 DEFAULT_ROUNDS = 40
 
 
+class FederatedTrainer(Trainer):
+    """A Lightning ``Trainer`` whose unit of progress is a round (built by :func:`federated_trainer`).
+
+    On top of Lightning's: ``fit(..., ckpt_path=<run>/checkpoints/last.ckpt)`` continues in that run
+    folder, as the command line does (one TensorBoard run whose steps go on from the checkpoint's rounds),
+    when the checkpoint is the run's newest state and the logger's folder is the run's parent and not
+    chosen yet; and ``fit``/``validate``/``test``/``predict`` print the progress lines and the summary on
+    stdout, leaving out Lightning's notices that do not apply to federated rounds (as ``with console():``
+    does), unless the ``fl_lightning`` logger or the root logger (at ``INFO`` or below) has a handler of its
+    own.
+    """
+
+    def fit(self, model: Any, *args: Any, ckpt_path: Any = None, **kwargs: Any) -> None:
+        with printing(), self._continued(ckpt_path):
+            super().fit(model, *args, ckpt_path=ckpt_path, **kwargs)
+
+    def validate(self, *args: Any, **kwargs: Any) -> Any:
+        with printing():
+            return super().validate(*args, **kwargs)
+
+    def test(self, *args: Any, **kwargs: Any) -> Any:
+        with printing():
+            return super().test(*args, **kwargs)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        with printing():
+            return super().predict(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _continued(self, ckpt_path: Any) -> Iterator[None]:
+        """Point the loggers at the checkpoint's run folder when ``fit`` continues that run."""
+        resume = resumed_run(ckpt_path)
+        with warnings.catch_warnings():
+            if resume is not None:
+                run, rounds = resume
+                if any([continue_run(lg, run, rounds) for lg in self.loggers]):
+                    # ModelCheckpoint's "directory exists and is not empty" is expected in one's own folder
+                    warnings.filterwarnings(
+                        "ignore", message=r"Checkpoint directory .* exists and is not empty"
+                    )
+            yield
+
+
 def federated_trainer(
     max_steps: int = DEFAULT_ROUNDS,
     *,
@@ -52,10 +100,9 @@ def federated_trainer(
     logger: Logger | Iterable[Logger] | bool | None = None,
     plugins: Any = None,
     default_root_dir: str | os.PathLike | None = None,
-    hparams: Mapping[str, Any] | None = None,
-    on_new_run_folder: Callable[[Path], None] | None = None,
+    name: str | None = None,
     **trainer_kwargs: Any,
-) -> Trainer:
+) -> FederatedTrainer:
     """A Lightning ``Trainer`` whose unit of progress is a federated round.
 
     ``max_steps`` is the number of rounds. On top of the arguments given (any ``Trainer`` argument, e.g.
@@ -67,14 +114,15 @@ def federated_trainer(
       (``checkpoints/last.ckpt`` after every round, unless ``enable_checkpointing=False``; a
       ``ModelCheckpoint(save_last=...)`` given leaves ``last.ckpt`` to it), and
       :class:`~fl_lightning.callbacks.FederatedSummary` (``summary.json``, the printed summary, the HPARAMS
-      tab; unless one is given). A ``ModelCheckpoint`` given without a ``filename`` names its files by round
-      (:func:`name_checkpoints_by_round`);
+      tab from the module's and data module's arguments; unless one is given). A ``ModelCheckpoint`` given
+      without a ``filename`` names its files by round (:func:`name_checkpoints_by_round`);
     - the plugin :class:`~fl_lightning.lightning.checkpoint.AtomicCheckpointIO` (checkpoints written
       atomically, loaded with ``weights_only=True``), unless a ``CheckpointIO`` is given;
     - the run folder: without a logger (``None`` or ``True``), TensorBoard in
       ``<default_root_dir>/lightning_logs/version_N``; that folder, and that of any TensorBoard/CSV logger
       given without a version, is created atomically when the run first logs, so runs started together in
-      one folder get their own.
+      one folder get their own; a ``fit`` resumed from a run's ``last.ckpt`` continues in that run's folder
+      (:class:`FederatedTrainer`).
 
     Args:
         max_steps: Rounds to run (``trainer.max_steps``); a run resumed with ``ckpt_path`` goes on up to it.
@@ -82,14 +130,44 @@ def federated_trainer(
         logger: As for ``Trainer`` (``False``: no logs, no run folder).
         plugins: As for ``Trainer``.
         default_root_dir: Where ``lightning_logs/`` goes (default: the working folder).
-        hparams: The run's hyperparameters, flat ``{"model.strategy": "FedProx", ...}``, for the summary's
-            HPARAMS row (the command line passes its config); None: the module's ``hparams``.
-        on_new_run_folder: Called with each run folder created for the run (the command line removes it when
-            the run is refused before its first round).
+        name: A label of the run folder, ``version_N-<name>`` (TensorBoard's run name too); ``"auto"``: the
+            strategy, partition, client transform and system model (``version_3-fedbuff-dirichlet-devices``,
+            :func:`~fl_lightning.lightning.loggers.run_label`); None: ``version_N``.
         **trainer_kwargs: Any other ``Trainer`` argument.
 
     Raises:
         ConfigError: ``val_check_interval`` not above 0, or a log folder that cannot be written.
+    """
+    return round_trainer(
+        max_steps,
+        callbacks=callbacks,
+        logger=logger,
+        plugins=plugins,
+        default_root_dir=default_root_dir,
+        name=name,
+        **trainer_kwargs,
+    )
+
+
+def round_trainer(
+    max_steps: int = DEFAULT_ROUNDS,
+    *,
+    callbacks: Callback | Iterable[Callback] | None = None,
+    logger: Logger | Iterable[Logger] | bool | None = None,
+    plugins: Any = None,
+    default_root_dir: str | os.PathLike | None = None,
+    name: str | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    on_new_run_folder: Callable[[Path], None] | None = None,
+    **trainer_kwargs: Any,
+) -> FederatedTrainer:
+    """:func:`federated_trainer` with what the command line adds (see there for the other arguments).
+
+    Args:
+        hparams: The run's hyperparameters, flat ``{"model.strategy": "FedProx", ...}``, for the summary's
+            HPARAMS row (the command line passes its config); None: the module's and data module's.
+        on_new_run_folder: Called with each run folder created for the run (the command line removes it when
+            the run is refused before its first round).
     """
     args = {**ROUND_DEFAULTS, **trainer_kwargs}
     interval = args.get("val_check_interval")
@@ -117,16 +195,28 @@ def federated_trainer(
         root = Path(default_root_dir or os.getcwd())
         check_writable(root, "trainer.default_root_dir")
         logger = TensorBoardLogger(save_dir=str(root), name="lightning_logs", version=None)
+    built: list[Trainer] = []
+
+    def label() -> str | None:
+        """The run folder's label (``"auto"``: known once the Trainer holds the module and its data)."""
+        if name != "auto":
+            return name
+        trainer = built[0] if built else None
+        module = trainer.lightning_module if trainer is not None else None
+        return run_label(module, trainer.datamodule) if module is not None else None
+
     for lg in _as_list(logger) if logger is not False else []:
-        claim_version_on_first_use(lg, on_new_run_folder)
-    trainer = Trainer(
-        max_steps=max_steps,
-        callbacks=[*given, *added],
-        logger=logger,
-        plugins=given_plugins,
-        default_root_dir=default_root_dir,
-        **args,
-    )
+        claim_version_on_first_use(lg, on_new_run_folder, label)
+    with printing():  # Lightning's device lines and tips, left out as in a command
+        trainer = FederatedTrainer(
+            max_steps=max_steps,
+            callbacks=[*given, *added],
+            logger=logger,
+            plugins=given_plugins,
+            default_root_dir=default_root_dir,
+            **args,
+        )
+    built.append(trainer)
     check_writable(trainer.default_root_dir, "trainer.default_root_dir")
     for lg in trainer.loggers:
         if lg.save_dir is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from fl_lightning.errors import ConfigError
+from fl_lightning.runs import run_number
 from fl_lightning.sweep.spec import Expected
 
 MARKER = "sweep.json"
@@ -36,8 +37,8 @@ class RunState:
 
 
 def run_versions(folder: Path) -> list[Path]:
-    found = [v for v in (folder / "lightning_logs").glob("version_*") if v.name[8:].isdigit()]
-    return sorted(found, key=lambda v: int(v.name[8:]))
+    found = [v for v in (folder / "lightning_logs").glob("version_*") if run_number(v) is not None]
+    return sorted(found, key=lambda v: run_number(v) or 0)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -60,6 +61,7 @@ def _read_yaml(path: Path) -> dict[str, Any] | None:
 #: (threads, progress bar, ``--ckpt_path``) and ``trainer.max_steps`` (compared on its own: fewer rounds of
 #: the same config resume).
 NOT_DIGESTED = (
+    "name",
     "ckpt_path",
     "weights_only",
     "trainer.default_root_dir",

@@ -130,6 +130,19 @@ def test_a_non_finite_float_asks_for_a_retry():
     assert rewrite_float_arg(args, "model.seed", "nan") is None  # given in a config file: nothing to rewrite
 
 
+def test_a_value_outside_a_literals_choices_names_them_and_the_close_one():
+    message = (
+        "Parser key \"model.strategy\": Problem with given class_path 'fl_lightning.strategies.FedAsync': "
+        "Parser key \"staleness\": Expected a typing.Literal['constant', 'polynomial', 'hinge']. "
+        "Got value: polynomal"
+    )
+    line, _ = parse_error(message, {}, lambda: [], "see --help")
+    choices = "is not one of constant, polynomial, hinge"
+    assert line == f"model.strategy.staleness=polynomal {choices}; did you mean polynomial?"
+    line, _ = parse_error(message.replace("polynomal", "xyz"), {}, lambda: [], "see --help")
+    assert line == "model.strategy.staleness=xyz is not one of constant, polynomial, hinge"
+
+
 def test_an_unknown_bare_class_name_gets_the_registry_names():
     message = (
         'Parser key "model.strategy":\n\n  - Expected a path but fedprox either not accessible or invalid\n'

@@ -11,14 +11,15 @@ from fl_lightning.lightning.loggers import (
     claim_version,
     claim_version_on_first_use,
     continue_version,
+    run_label,
 )
 from fl_lightning.runs import read_scalars
 
 
 def test_claim_version_takes_the_next_free_number_and_skips_one_taken_meanwhile(tmp_path, monkeypatch):
-    for name in ("version_0", "version_2", "other"):
+    for name in ("version_0", "version_2-fedavg-iid", "other"):
         (tmp_path / name).mkdir()
-    assert claim_version(tmp_path) == 3
+    assert claim_version(tmp_path) == "version_3"
     mkdir = os.mkdir
 
     def taken_first(path, *args):  # another run creates version_4 between our listing and our mkdir
@@ -28,8 +29,30 @@ def test_claim_version_takes_the_next_free_number_and_skips_one_taken_meanwhile(
         return mkdir(path, *args)
 
     monkeypatch.setattr(loggers.os, "mkdir", taken_first)
-    assert claim_version(tmp_path) == 5
-    assert {p.name for p in tmp_path.iterdir()} >= {"version_3", "version_4", "version_5"}
+    assert claim_version(tmp_path, "fedbuff-devices") == "version_5-fedbuff-devices"
+    assert {p.name for p in tmp_path.iterdir()} >= {"version_3", "version_4", "version_5-fedbuff-devices"}
+
+    def renamed_meanwhile(path, *args):  # another run's claim of version_6, renamed to its label, appears
+        mkdir(path, *args)
+        if Path(path).name == "version_6":
+            mkdir(Path(path).parent / "version_6-x")
+
+    monkeypatch.setattr(loggers.os, "mkdir", renamed_meanwhile)
+    assert claim_version(tmp_path, "my run/1") == "version_7-my-run-1"
+    assert not (tmp_path / "version_6").exists()  # ours given up
+
+
+def test_a_runs_label_names_its_strategy_split_transform_and_system():
+    from fl_lightning.data import FederatedDataModule, Rotation
+    from fl_lightning.lightning.module import FederatedModule
+    from fl_lightning.strategies import FedBuff
+    from fl_lightning.system import Devices
+
+    assert run_label(FederatedModule(), FederatedDataModule()) == "fedavg-dirichlet"
+    module = FederatedModule(strategy=FedBuff(), system=Devices())
+    assert run_label(module, FederatedDataModule(client_transform=Rotation(k=2))) == (
+        "fedbuff-dirichlet-rotation-devices"
+    )
 
 
 def test_a_logger_without_a_version_claims_its_folder_when_first_used(tmp_path):

@@ -15,6 +15,7 @@ from fl_lightning.callbacks import (
     FederatedSummary,
     RoundLearningRateMonitor,
 )
+from fl_lightning.data import Dirichlet
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import CLIENT_PREFIX
 from fl_lightning.runs import read_scalars
@@ -381,3 +382,76 @@ def test_eval_fraction_evaluates_a_seeded_sample_during_fit_and_every_client_at_
 def test_eval_fraction_outside_unit_interval_is_rejected(bad):
     with pytest.raises(ConfigError, match=r"model.eval_fraction=.* must be .*in \(0, 1\]"):
         make_module(eval_fraction=bad)
+
+
+def _default_net_module(**kw):
+    from fl_lightning.api.client import ClientModule
+    from fl_lightning.lightning.module import FederatedModule
+    from fl_lightning.models import SmallCNN
+    from fl_lightning.strategies import FedProx
+
+    client = ClientModule(SmallCNN(in_channels=1, num_classes=10), lr=0.05, momentum=0.0)
+    return FederatedModule(client=client, strategy=FedProx(mu=0.05), local_steps=1, participation=0.5, **kw)
+
+
+def test_load_from_checkpoint_rebuilds_module_and_data_and_a_resume_equals_the_run_straight_through(tmp_path):
+    import lightning as L
+
+    from fl_lightning.data import FederatedDataModule
+    from fl_lightning.lightning import federated_trainer
+    from fl_lightning.lightning.module import FederatedModule
+
+    fast = {"enable_progress_bar": False, "accelerator": "cpu", "devices": 1}
+    L.seed_everything(7, verbose=False)
+    straight = _default_net_module()
+    federated_trainer(max_steps=2, logger=False, enable_checkpointing=False, **fast).fit(
+        straight, datamodule=make_data(partition=Dirichlet(alpha=0.3))
+    )
+    L.seed_everything(7, verbose=False)
+    first = federated_trainer(max_steps=1, default_root_dir=tmp_path, **fast)
+    first.fit(_default_net_module(), datamodule=make_data(partition=Dirichlet(alpha=0.3)))
+    last = Path(first.log_dir) / "checkpoints" / "last.ckpt"
+    L.seed_everything(0, verbose=False)  # another process, another seed: the checkpoint's is used
+
+    model, data = FederatedModule.load_from_checkpoint(last), FederatedDataModule.load_from_checkpoint(last)
+    assert (model.seed, data.seed, data.partition.alpha, model.strategy.mu) == (7, 7, 0.3, 0.05)
+    assert (model.client.lr, model.engine.config.participation) == (0.05, 0.5)
+    resumed = federated_trainer(max_steps=2, default_root_dir=tmp_path, **fast)
+    resumed.fit(model, datamodule=data, ckpt_path=str(last))
+    assert resumed.log_dir == first.log_dir  # the same run folder
+    for k, v in global_weights(straight).items():
+        assert torch.equal(v, global_weights(model)[k]), k
+    assert [r.round for r in model.history] == [0, 1]
+
+
+def test_a_module_loaded_from_a_checkpoint_validates_at_its_round_with_its_client_states(tmp_path):
+    from fl_lightning.data import FederatedDataModule
+    from fl_lightning.lightning import federated_trainer
+    from fl_lightning.lightning.module import FederatedModule
+
+    trainer = federated_trainer(max_steps=1, default_root_dir=tmp_path, enable_progress_bar=False)
+    trainer.fit(_default_net_module(), datamodule=make_data())
+    last = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
+    model = FederatedModule.load_from_checkpoint(last)
+    assert model.history == []  # applied when a Trainer sets it up with its data
+    check = federated_trainer(logger=False, enable_progress_bar=False)
+    (metrics,) = check.validate(model, datamodule=FederatedDataModule.load_from_checkpoint(last))
+    assert metrics["global/acc"] == pytest.approx(trainer.callback_metrics["global/acc"].item())
+    assert model.rounds_done == 1 and len(model.history) == 1
+    with pytest.raises(ConfigError, match=r"^ckpt_path: the checkpoint comes from a different config"):
+        check.validate(FederatedModule.load_from_checkpoint(last), datamodule=make_data(num_clients=5))
+
+
+def test_a_network_its_saved_arguments_do_not_rebuild_is_one_line_saying_to_pass_it(tmp_path):
+    from fl_lightning.lightning import federated_trainer
+    from fl_lightning.lightning.module import FederatedModule
+
+    trainer = federated_trainer(max_steps=1, default_root_dir=tmp_path, enable_progress_bar=False)
+    module = make_module()  # SmallCNN(width=4, hidden=16): SmallCNN keeps neither argument
+    trainer.fit(module, datamodule=make_data())
+    last = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
+    with pytest.raises(ConfigError, match=r"^ckpt_path: model.client.net: .* client=ClientModule\(SmallCNN"):
+        FederatedModule.load_from_checkpoint(last)
+    loaded = FederatedModule.load_from_checkpoint(last, client=make_module().client)
+    for k, v in global_weights(module).items():
+        assert torch.equal(v, global_weights(loaded)[k]), k

@@ -1,5 +1,6 @@
 """``federated_trainer``: the Trainer whose step is a round, from Python as from the command line."""
 
+import inspect
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning import ROUND_DEFAULTS, federated_trainer
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
+from fl_lightning.lightning.trainer import FederatedTrainer, round_trainer
 from fl_lightning.runs import read_scalars, read_summary
 
 from conftest import make_data, make_module
@@ -55,17 +57,44 @@ def test_monitored_callbacks_see_every_round_and_the_run_writes_last_ckpt_and_it
     assert summary["rounds"] == 3 and summary["max_steps"] == 3
 
 
-def test_a_plain_trainer_validates_once_after_the_last_round(tmp_path):
-    """What the builder is for: Lightning's epoch defaults see one validation in a 3-round run."""
+def test_a_plain_trainer_with_epoch_validation_is_one_line_naming_federated_trainer(tmp_path):
+    """Lightning's epoch defaults would validate once in a 3-round run and write no last.ckpt or summary."""
     plain = Trainer(max_steps=3, default_root_dir=tmp_path, logger=False, enable_checkpointing=False, **FAST)
-    module = _fit(plain)
-    assert [r.round for r in module.history if "global/acc" in r.metrics] == [2]
+    with pytest.raises(ConfigError, match=r"federated_trainer\(max_steps=") as err:
+        _fit(plain)
+    assert "\n" not in str(err.value) and not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_plain_trainer_made_to_validate_every_round_or_never_is_taken_as_chosen(tmp_path):
+    per_round = Trainer(
+        max_steps=2,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        **ROUND_DEFAULTS,
+        **FAST,
+    )
+    assert [r.round for r in _fit(per_round).history if "global/acc" in r.metrics] == [0, 1]
+    never = Trainer(
+        max_steps=2,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        **FAST,
+    )
+    assert len(_fit(never).history) == 2
+
+
+def test_federated_trainer_shows_no_command_line_internals():
+    assert {"hparams", "on_new_run_folder"}.isdisjoint(inspect.signature(federated_trainer).parameters)
+    assert isinstance(federated_trainer(max_steps=1, logger=False, **FAST), FederatedTrainer)
 
 
 def test_what_is_given_is_kept(tmp_path):
     mine = FederatedSummary()
     bar = TQDMProgressBar()
-    trainer = federated_trainer(
+    trainer = round_trainer(
         max_steps=2,
         default_root_dir=tmp_path,
         callbacks=[mine, bar],
@@ -83,7 +112,7 @@ def test_what_is_given_is_kept(tmp_path):
 def test_runs_built_in_one_folder_get_their_own_run_folders(tmp_path):
     claimed = []
     trainers = [
-        federated_trainer(max_steps=1, default_root_dir=tmp_path, on_new_run_folder=claimed.append, **FAST)
+        round_trainer(max_steps=1, default_root_dir=tmp_path, on_new_run_folder=claimed.append, **FAST)
         for _ in range(2)
     ]
     dirs = [t.log_dir for t in reversed(trainers)]  # whichever asks first gets version_0
@@ -104,10 +133,56 @@ def test_bad_arguments_are_one_line(tmp_path, kwargs, field):
 
 
 def test_the_hparams_given_are_the_summarys_hparams_row(tmp_path):
-    trainer = federated_trainer(
+    trainer = round_trainer(
         max_steps=1, default_root_dir=tmp_path, hparams={"model.strategy": "FedAvg", "x": 1}, **FAST
     )
     _fit(trainer)
     run = tmp_path / "lightning_logs" / "version_0"
     assert "model.strategy: FedAvg" in (run / "hparams.yaml").read_text()
     assert json.loads((run / "summary.json").read_text())["rounds"] == 1
+
+
+def test_without_given_hparams_the_hparams_row_is_the_modules_and_data_modules_arguments(tmp_path):
+    trainer = federated_trainer(max_steps=1, default_root_dir=tmp_path, **FAST)
+    _fit(trainer, local_steps=1)
+    saved = (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text()
+    assert "model.strategy: FedAvg" in saved and "model.local_steps: 1" in saved
+    assert "data.num_clients: 4" in saved and "model.client.net: SmallCNN" in saved
+
+
+def test_a_fit_resumed_from_a_runs_last_checkpoint_continues_in_its_folder(tmp_path):
+    first = federated_trainer(max_steps=1, default_root_dir=tmp_path, **FAST)
+    _fit(first)
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    resumed = federated_trainer(max_steps=2, default_root_dir=tmp_path, **FAST)
+    resumed.fit(make_module(), datamodule=make_data(), ckpt_path=str(last))
+    assert resumed.log_dir == first.log_dir and [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [
+        "version_0"
+    ]
+    assert [s for s, _ in read_scalars(first.log_dir)["global/acc"]] == [1, 2]  # one TensorBoard run
+    assert read_summary(first.log_dir)["rounds"] == 2
+    elsewhere = federated_trainer(max_steps=3, default_root_dir=tmp_path / "other", **FAST)
+    elsewhere.fit(make_module(), datamodule=make_data(), ckpt_path=str(last))  # another folder: a new run
+    assert elsewhere.log_dir == str(tmp_path / "other" / "lightning_logs" / "version_0")
+
+
+def test_from_python_the_progress_and_summary_print_without_console(tmp_path, capsys):
+    trainer = federated_trainer(max_steps=1, default_root_dir=tmp_path, **FAST)
+    _fit(trainer)
+    captured = capsys.readouterr()
+    assert "fl_lightning summary" in captured.out
+    assert "GPU available" not in captured.out + captured.err  # Lightning's status lines left out
+
+
+def test_a_named_run_folder_carries_its_label_and_auto_names_strategy_split_and_system(tmp_path):
+    from fl_lightning.strategies import FedProx
+
+    named = federated_trainer(max_steps=1, default_root_dir=tmp_path, name="my run", **FAST)
+    _fit(named)
+    auto = federated_trainer(max_steps=1, default_root_dir=tmp_path, name="auto", **FAST)
+    _fit(auto, strategy=FedProx(mu=0.1))
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == [
+        "version_0-my-run",
+        "version_1-fedprox-dirichlet",
+    ]
+    assert read_summary(auto.log_dir)["rounds"] == 1

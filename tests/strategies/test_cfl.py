@@ -197,7 +197,7 @@ def test_splits_a_label_permutation_into_its_two_groups(tmp_path):
     module, summary = _permuted_module(), FederatedSummary()
     make_trainer(tmp_path, rounds=5, callbacks=[summary]).fit(module, datamodule=_permuted_data())
     assert module.strategy.cluster_of.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
-    records = [r["strategy"] for r in module.history]
+    records = [r.strategy for r in module.history]
     assert [r["cfl/splits"] for r in records] == [0, 0, 0, 1, 0]  # one split, in round 4
     assert summary.summary["cluster_ari"] == 1.0 and summary.summary["cfl/last_split_round"] == 4
     assert summary.summary["client_acc"]["mean"] > 0.85 > 0.65 > summary.summary["final_global_acc"]

@@ -226,7 +226,7 @@ def test_recovers_the_groups_of_a_label_permutation(tmp_path):
     puts each group in its own cluster within a few rounds (ARI 1, also in summary.json) and its deployed
     models serve both groups, where one global model cannot."""
     module, choices, summary = _permuted_run(tmp_path, IFCA(k=2, seed=0))
-    last = module.history[-1]["strategy"]
+    last = module.history[-1].strategy
     assert last["cluster_ari"] == 1.0 and summary["cluster_ari"] == 1.0
     final = [choices.clusters[(4, c)] for c in range(8)]
     assert final[0::2] == [final[0]] * 4 and final[1::2] == [final[1]] * 4 and final[0] != final[1]
@@ -245,9 +245,9 @@ def test_vectorised_clients_fall_back_to_one_at_a_time_naming_the_reason(tmp_pat
 def test_restarts_run_end_to_end(tmp_path):
     module = make_module(IFCA(k=2, restarts=3, seed=0))
     make_trainer(tmp_path, rounds=2).fit(module, datamodule=make_data())
-    first, second = (r["strategy"] for r in module.history)
+    first, second = (r.strategy for r in module.history)
     assert first["ifca/restart"] == second["ifca/restart"] == int(module.strategy.kept)
-    assert module.history[0]["bytes_down"] == 3 * module.history[1]["bytes_down"]  # 6 models, then 2
+    assert module.history[0].bytes_down == 3 * module.history[1].bytes_down  # 6 models, then 2
 
 
 @pytest.mark.slow

@@ -383,7 +383,7 @@ def test_dp_wraps_mean_aggregating_strategies(base, fit):
     assert all(torch.isfinite(v).all() for v in module.client.state_dict().values())
     assert [r.failed for r in module.history] == [0, 0]
     if base != "Local":  # Local uploads nothing: nothing released, nothing accounted
-        assert module.history[-1]["strategy"]["privacy/epsilon"] > 0
+        assert module.history[-1].strategy["privacy/epsilon"] > 0
 
 
 def test_fit_with_dp_writes_epsilon_to_summary_and_tensorboard(tmp_path):
