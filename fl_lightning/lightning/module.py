@@ -18,7 +18,6 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import Strategy
-from fl_lightning.api.task import Task
 from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.data.datasets import is_synthetic
@@ -216,6 +215,12 @@ class FederatedModule(LightningModule):
         return dm
 
     @property
+    def round_unit(self) -> str:
+        """What a training step is: ``"round"``, or ``"server step"`` for an asynchronous strategy."""
+        schedule = self.engine.schedule
+        return "round" if schedule is None else schedule.unit
+
+    @property
     def history(self) -> list[RoundRecord]:
         """The record of every round done (the engine's; part of the checkpoint)."""
         return self.engine.history
@@ -257,8 +262,8 @@ class FederatedModule(LightningModule):
         dm = self.datamodule
         dm.setup(stage)
         self.connect_data(dm, self.trainer.precision_plugin)
-        self.global_metrics = Task(dm.task).metrics(dm.num_classes)
-        self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
+        self.global_metrics = TaskMetrics(dm.task, dm.num_classes)
+        self.group_metrics = {g: TaskMetrics(dm.task, dm.num_classes) for g in dm.eval_groups}
 
     def connect_data(self, dm: FederatedDataModule, precision_plugin: Any = None) -> None:
         """Check the model against ``dm`` (set up) and set the round engine up on its clients.

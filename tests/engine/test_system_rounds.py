@@ -178,7 +178,7 @@ def test_the_round_logs_the_clock_to_tensorboard(tmp_path):
 def test_no_system_model_no_clock():
     engine = make_engine(FedAvg())
     engine.run_round(0)
-    assert engine.system is None and engine.history[0].sim is None
+    assert not engine.system.clocked and engine.history[0].sim is None and engine.clock == 0
 
 
 def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():

@@ -15,6 +15,7 @@ Sec. 5.2).
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -95,6 +96,15 @@ class SystemModel:
 
     #: How the config spells this object (messages name ``model.system.<option>``).
     field = "model.system"
+
+    #: Whether the model decides a synchronous round's work itself (its own :meth:`plan`, e.g.
+    #: :class:`~fl_lightning.engine.system.stragglers.Stragglers`): an asynchronous strategy, which has no
+    #: rounds, cannot run it.
+    plans_rounds = False
+
+    #: Whether the model runs a simulated clock (the null model, :class:`Instant`, does not: a run without
+    #: ``model.system`` records no simulated time).
+    clocked = True
 
     # ------------------------------------------------------------------------------ devices
     def profiles(self, num_clients: int, seed: int) -> Profiles:
@@ -288,4 +298,25 @@ def check_probability(value: object, field: str) -> None:
     check_number(value, field, low=0, high=1, hint="(a probability)")
 
 
-__all__ = ["DEVICE_STREAM", "DROPOUT_STREAM", "ONLINE_STREAM", "SystemModel", "check_probability"]
+class Instant(SystemModel):
+    """The null system model, a run without ``model.system``: every client online, its work instantaneous
+    (infinitely fast, no transfer time), no dropout, no deadline; the rounds run the same sequence as with a
+    system model, and the clock stays at 0."""
+
+    clocked = False
+
+    def profiles(self, num_clients: int, seed: int) -> Profiles:
+        inf = (math.inf,) * num_clients
+        return Profiles(
+            speed=inf,
+            download_mbps=inf,
+            upload_mbps=inf,
+            availability=(1.0,) * num_clients,
+            dropout=(0.0,) * num_clients,
+        )
+
+    def describe(self) -> str:
+        return "Instant: every client online, its work instantaneous"
+
+
+__all__ = ["DEVICE_STREAM", "DROPOUT_STREAM", "ONLINE_STREAM", "Instant", "SystemModel", "check_probability"]
