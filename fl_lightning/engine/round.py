@@ -209,6 +209,8 @@ class Engine:
         self._system = system
         if system.clocked:
             log.info("model.system: %s", system.describe())
+        for notice in [] if asynchronous else system.idle(self.cohort):  # asynchronous: refused below
+            log.warning(notice)
         self.schedule = self._async_schedule(strategy, system) if asynchronous else Rounds(self)
 
     def _async_schedule(self, strategy: AsyncStrategy, system: SystemModel) -> AsyncSchedule:

@@ -172,6 +172,28 @@ class SystemModel:
             f"{self._up[fastest]:.3g} s upload); {fix}"
         )
 
+    def idle(self, cohort: int) -> list[str]:
+        """Why settings of the round's policy cannot act in this run (none: each can): over-selection when
+        every round samples every client, a deadline above every client's full round (no client is ever
+        late). The engine logs each once, before round 1."""
+        s = self.setup
+        out = []
+        if self.over_selection > 0 and cohort >= s.num_clients:
+            out.append(
+                f"{self.field}.over_selection={self.over_selection:g} cannot act: every round samples all "
+                f"{s.num_clients} clients (lower model.participation or model.clients_per_round to use it)"
+            )
+        if self.deadline_s is not None:
+            need = {c: self.client_seconds(c, s.full_steps[c]) for c in range(s.num_clients)}
+            slowest = max(need, key=lambda c: (need[c], -c))
+            if need[slowest] <= self.deadline_s:
+                out.append(
+                    f"{self.field}.deadline_s={self.deadline_s:g} cannot act: every client's full round fits "
+                    f"(the slowest, client {slowest}, needs {need[slowest]:.3g} s), so no client is ever "
+                    "late; lower it to cut stragglers"
+                )
+        return out
+
     # ------------------------------------------------------------------------------ availability
     def online(self, slot: int, time_s: float) -> list[int]:
         """The clients online at ``time_s`` (their day/night cycle) and in draw ``slot`` (each online with its
