@@ -11,15 +11,10 @@ It is a ``str`` (``Task("multiclass") == "multiclass"``), so configs, checkpoint
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch.nn.functional as F
 from torch import Tensor
 
 from fl_lightning.errors import ConfigError
-
-if TYPE_CHECKING:
-    from fl_lightning.api.metrics import TaskMetrics
 
 #: The task names.
 TASKS = ("multiclass", "multilabel")
@@ -89,12 +84,6 @@ class Task(str):
     def scores(self, outputs: Tensor) -> Tensor:
         """Class probabilities (softmax, multiclass) or label probabilities (sigmoid, multilabel)."""
         return outputs.float().sigmoid() if self.multilabel else outputs.float().softmax(dim=-1)
-
-    def metrics(self, num_classes: int) -> TaskMetrics:
-        """Fresh evaluation metrics of the task (:class:`~fl_lightning.api.metrics.TaskMetrics`)."""
-        from fl_lightning.api.metrics import TaskMetrics
-
-        return TaskMetrics(self, num_classes)
 
     def __reduce__(self) -> tuple:
         return (Task, (str(self),))

@@ -61,6 +61,7 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
         self._pending: int | None = None
         self._ended: tuple[str, float] | None = None  # the pending round's line values as it ended
         self._started = 0.0
+        self._unit = "round"  # what a step is: "server step" for an asynchronous strategy
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -70,13 +71,14 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
 
     # ------------------------------------------------------------------ the bar on a terminal
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._unit = getattr(pl_module, "round_unit", "round")  # before the bar is made
         super().on_train_start(trainer, pl_module)
         self._started = time.perf_counter()
         self._pending = None
 
     @property
     def train_description(self) -> str:
-        return "round"
+        return self._unit
 
     def on_train_epoch_start(self, trainer: Trainer, *_: Any) -> None:
         """The bar counts rounds done out of ``trainer.max_steps`` (Lightning's: batches of "Epoch N")."""
@@ -158,4 +160,4 @@ class FederatedProgressBar(TQDMProgressBar, FederatedCallback):
             return
         values, elapsed = self._line_values(trainer, pl_module) if now or ended is None else ended
         where = f"{done}/{total}" if total else str(done)
-        log.log(level, "round %s: %s (%.1f s)", where, values or "done", elapsed)
+        log.log(level, "%s %s: %s (%.1f s)", self._unit, where, values or "done", elapsed)

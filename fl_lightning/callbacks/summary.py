@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fl_lightning.engine.record import RoundRecord, totals
+from fl_lightning.engine.round import Engine
 from fl_lightning.runs import machine_text
 
 log = logging.getLogger("fl_lightning")
@@ -128,7 +129,8 @@ class FederatedSummary(Callback):
     def _finish(
         self, trainer: Trainer, pl_module: LightningModule, per_client: dict, reason: str | None
     ) -> None:
-        target = getattr(getattr(pl_module, "system", None), "target_accuracy", None)
+        engine = getattr(pl_module, "engine", None)  # a FederatedModule's (this callback sits below it)
+        target = engine.system.target_accuracy if isinstance(engine, Engine) else None
         self.summary = summarize(pl_module.history, per_client, self._elapsed(), target)
         self.summary["run_wall_time_s"] = self._before + self.summary["wall_time_s"]
         self.summary["max_steps"] = trainer.max_steps
@@ -174,6 +176,12 @@ class FederatedSummary(Callback):
                     f"after {reached:.6g} s)" if reached is not None else "not reached)"
                 )
             lines.append(sim)
+            fates = ("late_clients", "partial_clients", "discarded_clients", "dropped_out")
+            if any(s.get(k) for k in fates):  # the clients' fates over all rounds
+                lines.append(
+                    f"  clients late: {s['late_clients']}, partial: {s['partial_clients']}, "
+                    f"discarded: {s['discarded_clients']}, dropped out: {s['dropped_out']}"
+                )
         if s.get("machine"):
             lines.append(f"  machine: {machine_text(s['machine'])}")
         lines.append(

@@ -30,12 +30,15 @@ LISTS: dict[str, tuple[str, Any]] = {
 
 def system_models() -> list[str]:
     """The system models a config's ``model.system`` takes: the subclasses of ``SystemModel`` that
-    :mod:`fl_lightning.engine.system` exports (``fl_lightning.system`` from Python)."""
+    :mod:`fl_lightning.engine.system` exports (``fl_lightning.system`` from Python), less the null model
+    ``Instant`` that a run without ``model.system`` uses."""
     exported = [getattr(system, name) for name in system.__all__]
     return [
         c.__name__
         for c in exported
-        if isinstance(c, type) and issubclass(c, system.SystemModel) and c is not system.SystemModel
+        if isinstance(c, type)
+        and issubclass(c, system.SystemModel)
+        and c not in (system.SystemModel, system.Instant)
     ]
 
 

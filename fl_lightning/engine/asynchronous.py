@@ -18,9 +18,10 @@ With an :class:`~fl_lightning.api.asynchronous.AsyncStrategy` (FedBuff, FedAsync
 - The clients in flight (their held uploads, versions, dispatch and arrival times), the clock and the
   dispatch count are the schedule's state, kept in the checkpoint, so a resume continues exactly.
 
-A synchronous round is the special case where every client starts together and ``K`` is the cohort; it stays
-the engine's own round (it streams its uploads into the aggregator instead of holding them, which keeps it as
-fast and as exact as it is without a system model), so this schedule is a separate class.
+A synchronous round is the special case where every client starts together and ``K`` is the cohort
+(:class:`~fl_lightning.engine.schedule.Rounds`, which streams its uploads into the aggregator instead of
+holding them); both schedules use the engine's one online draw, dropout policy and server step
+(:class:`~fl_lightning.engine.schedule.Host`).
 """
 
 from __future__ import annotations
@@ -30,18 +31,10 @@ from typing import Any
 
 from fl_lightning.api.aggregation import Aggregator
 from fl_lightning.api.asynchronous import AsyncStrategy
-from fl_lightning.api.client import merge_train_states
 from fl_lightning.api.types import RoundInfo, RoundResult
 from fl_lightning.engine.flight import Flight
 from fl_lightning.engine.record import SimulatedTime
-from fl_lightning.engine.round import (
-    Engine,
-    RoundListener,
-    RoundOutcome,
-    ServerStep,
-    checked_selection,
-    timed,
-)
+from fl_lightning.engine.schedule import Host, RoundListener, Schedule, ServerStep, Stepped
 from fl_lightning.errors import RunError
 from fl_lightning.functional.tensor import module_device
 
@@ -56,18 +49,20 @@ def _kept(entries: list[Any]) -> dict:
     return {}
 
 
-class AsyncSchedule:
+class AsyncSchedule(Schedule):
     """The server steps of an asynchronous strategy on the engine's simulated clock (module docstring).
 
     Args:
-        engine: The engine whose model, strategy, executor, clock and policies the schedule uses.
+        host: The engine whose clock, system model and policies the schedule uses.
         strategy: The asynchronous strategy (FedBuff, FedAsync).
         in_flight: ``M``, the clients in flight.
         buffer: ``K``, the arrivals a server step consumes.
     """
 
-    def __init__(self, engine: Engine, strategy: AsyncStrategy, in_flight: int, buffer: int) -> None:
-        self.engine = engine
+    unit = "server step"
+
+    def __init__(self, host: Host, strategy: AsyncStrategy, in_flight: int, buffer: int) -> None:
+        super().__init__(host)
         self.strategy = strategy
         self.in_flight = in_flight
         self.buffer = buffer
@@ -76,14 +71,10 @@ class AsyncSchedule:
         self.failed_streak = 0  # consecutive failed arrivals
 
     # ------------------------------------------------------------------------------ a server step
-    def step(self, round: int, step: ServerStep, listener: RoundListener) -> RoundOutcome:
-        """Server step ``round``: refill, consume the next ``K`` arrivals, aggregate, step; its record."""
-        e = self.engine
-        watch = timed()
-        reason = e.strategy.stop_reason(round)
-        if reason:
-            raise RunError(f"server step {round} cannot run: {reason}")
-        e.check_budget(round)
+    def step(self, round: int, step: ServerStep, listener: RoundListener) -> Stepped:
+        """Server step ``round``: refill, consume the next ``K`` arrivals, aggregate, step."""
+        e = self.host
+        e.check_round(round)
         start = e.clock
         traffic = {"down": 0, "up": 0, "dispatched": 0, "vectorised": 0}
         self._fill(round, listener, traffic)
@@ -127,41 +118,33 @@ class AsyncSchedule:
             dispatched=traffic["dispatched"],
             in_flight=len(self.flights),
         )
-        record = e.round_record(round, result, watch(), sim, {f.client: f.steps for f in accepted})
-        e.history.append(record)
-        return RoundOutcome(record, result, e.stop_after(round))
+        return Stepped(result, sim, {f.client: f.steps for f in accepted})
 
     def _server_step(
         self, round: int, step: ServerStep, accepted: list[Flight], failed: list[Flight]
     ) -> RoundResult:
-        """The consumed arrivals' ``release`` through the aggregator, ``process_aggregate``, ``server_update``
-        and the server optimizer's step (the same on every process: every process holds every flight)."""
-        e = self.engine
+        """The consumed arrivals' ``release`` (with their staleness) into the aggregator, then the engine's
+        server step (the same on every process: every process holds every flight)."""
+        e = self.host
         strategy = self.strategy
         agg = strategy.aggregator()
         for f in accepted:  # in the order they arrived
             assert f.held is not None
             agg.add(strategy.release(e.model, f.held, round - f.version), f.num_samples, f.client)
         sampled = [f.client for f in sorted(accepted + failed, key=lambda f: f.order)]
-        info = RoundInfo(round, sampled, [f.client for f in accepted], e.num_clients)
-        info.weight_totals = agg.weight_totals
-        means = strategy.process_aggregate(agg.means(), info)
-        step.zero_grad()
-        strategy.server_update(e.model, means, info)
-        step.step()
-        strategy.on_after_server_step(e.model, means, info)
-        return RoundResult(
-            means=means,
-            info=info,
+        result = RoundResult(
+            means={},
+            info=RoundInfo(round, sampled, [f.client for f in accepted], e.num_clients),
             client_metrics={f.client: dict(f.metrics) for f in accepted},
             failed=sorted(f.client for f in failed),
-            train_metrics=merge_train_states(f.train_state for f in accepted),
             train_states={f.client: f.train_state for f in accepted},
         )
+        e.server_step(round, agg, result, step)
+        return result
 
     def _failed(self, round: int, arrival: Flight) -> None:
         """Count a failed arrival; ``max_failed_rounds * M`` consecutive ones stop the run."""
-        e = self.engine
+        e = self.host
         self.failed_streak += 1
         log.warning(
             "server step %d: client %d's work arrives failed: %s", round, arrival.client, arrival.error
@@ -180,7 +163,7 @@ class AsyncSchedule:
         """Dispatch clients until ``M`` are in flight: online ones not in flight, drawn by the strategy's
         ``select_clients`` (seeded by the dispatch count), trained now on the current model (a ``Work``
         through the run's executor), each with its arrival time on the clock."""
-        e = self.engine
+        e = self.host
         free = self.in_flight - len(self.flights)
         if free <= 0:
             return
@@ -191,17 +174,10 @@ class AsyncSchedule:
         online = [c for c in system.online(slot, e.clock) if c not in busy]
         if not online:
             return
-        count = min(free, len(online))
-        picked = e.strategy.select_clients(len(online), count, slot, e.config.seed)
-        chosen = [online[i] for i in checked_selection(picked, len(online))]
+        chosen = e.draw(online, min(free, len(online)), slot)
         dropped = set(system.dropouts(slot, chosen))
-        if dropped and not e.config.tolerate_client_failures:
-            cid = min(dropped)
-            raise RunError(
-                f"server step {round}: client {cid} dropped out mid-round (model.system.dropout) and "
-                "model.tolerate_client_failures=false stops the run; set it to true to count dropouts as "
-                "failed clients"
-            )
+        if dropped:
+            e.refuse_dropout(f"server step {round}", min(dropped))
         trained = [c for c in chosen if c not in dropped]
         hold = Aggregator(weighting="uniform", reduce=_kept)  # keeps every upload; gathered across processes
         result = RoundResult(means={}, info=RoundInfo(slot, trained, [], e.num_clients))
@@ -239,7 +215,7 @@ class AsyncSchedule:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        device = module_device(self.engine.model)
+        device = module_device(self.host.model)
         self.flights = [Flight.from_state(f, device) for f in state["flights"]]
         self.dispatches = int(state["dispatches"])
         self.failed_streak = int(state["failed_streak"])

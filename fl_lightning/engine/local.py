@@ -213,6 +213,10 @@ class LocalConfig:
             return "reduce-overhead" if device.type == "cuda" else "default"
         return str(self.compile)
 
+    def lr_at(self, lr: float, round: int) -> float:
+        """The local learning rate ``lr`` in ``round`` (0-based): ``lr * lr_decay ** round``."""
+        return lr * self.lr_decay**round
+
     def num_steps(self, data: ClientData) -> int:
         if self.local_steps is not None:
             return self.local_steps
@@ -261,9 +265,8 @@ def local_optimizer(
     ``lr_decay ** round``; ``ctx.lr`` is the round's lr."""
     strategy.on_client_start(module, ctx)
     optimizer = strategy.configure_client_optimizer(module, ctx)
-    decay = config.lr_decay**ctx.round
     for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * decay
+        group["lr"] = config.lr_at(group["lr"], ctx.round)
     ctx.lr = optimizer.param_groups[0]["lr"]
     return optimizer
 

@@ -10,9 +10,13 @@ of them) and the adapters above it only drive rounds and report what they return
 :class:`~fl_lightning.lightning.module.FederatedModule` (a round is a Lightning training step: logging,
 checkpoints, callbacks) and the Flower ServerApp. A policy therefore holds the same on every path.
 
-A round, in order::
+A round runs through the engine's schedule (:mod:`fl_lightning.engine.schedule`: synchronous rounds, or an
+asynchronous strategy's server steps), which says who trains when on the system model's clock (without
+``model.system`` the null model: everyone online, instantaneous); everything else is the engine's, written
+once for both. A round, in order::
 
-    sample            strategy.select_clients (seeded by (seed, round)); stop_reason(round) refuses it
+    sample            strategy.select_clients among the clients online (seeded by (seed, round));
+                      stop_reason(round) or the simulated time budget refuses it
     message           strategy.message(model, client, round), built when its client's work starts
     local work        the executor: train_client per client (or a vectorised group), anywhere
     attack            the run's simulated attack (model.attack, or the Attack plug-in) replaces what a
@@ -34,8 +38,6 @@ import copy
 import dataclasses
 import itertools
 import logging
-import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,15 +50,28 @@ from fl_lightning.api.client import ClientModule, merge_train_states
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import own_local_step
 from fl_lightning.api.task import Task
-from fl_lightning.api.types import ClientResult, Payload, RoundInfo, RoundResult, RunSpec
+from fl_lightning.api.types import ClientResult, Payload, RoundResult, RunSpec
 from fl_lightning.data.federated import ClientData
+from fl_lightning.engine.asynchronous import AsyncSchedule
 from fl_lightning.engine.attack import SimulatedAttack, run_attack
-from fl_lightning.engine.local import LocalConfig, check_upload
+from fl_lightning.engine.config import EngineConfig
+from fl_lightning.engine.local import check_upload
 from fl_lightning.engine.record import RoundRecord, SimulatedTime
+from fl_lightning.engine.schedule import (
+    RoundListener,
+    RoundOutcome,
+    Rounds,
+    Schedule,
+    ServerStep,
+    checked_selection,
+    num_sampled,
+    one_line,
+    timed,
+)
 from fl_lightning.engine.state import ClientStateStore
-from fl_lightning.engine.system import Devices, RoundPlan, Setup, SystemModel
+from fl_lightning.engine.system import Devices, Instant, Setup, SystemModel
 from fl_lightning.engine.work import Executor, Work
-from fl_lightning.errors import ConfigError, RunError, check_number
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.tensor import derive_seed, module_device, payload_bytes, shared_state
 
@@ -67,126 +82,6 @@ log = logging.getLogger("fl_lightning")
 
 #: Seed stream of the clients sampled for evaluation (``model.eval_fraction``).
 EVAL_STREAM = 0xE7A
-
-
-def checked_selection(ids: list[int], num_clients: int) -> list[int]:
-    """``ids`` sorted, after checking they are distinct client ids in ``0..num_clients-1`` (at least one)."""
-    out = sorted(int(c) for c in ids)
-    if not out or len(set(out)) != len(out) or out[0] < 0 or out[-1] >= num_clients:
-        raise ValueError(f"select_clients must return distinct client ids in [0, {num_clients}), got {ids}")
-    return out
-
-
-def num_sampled(num_clients: int, participation: float, clients_per_round: int | None) -> int:
-    """Clients per round: ``clients_per_round`` if given, else ``max(1, floor(participation * m))``."""
-    if clients_per_round is not None:
-        if not 1 <= clients_per_round <= num_clients:
-            raise ConfigError(
-                f"model.clients_per_round={clients_per_round} must be between 1 and "
-                f"data.num_clients={num_clients}"
-            )
-        return clients_per_round
-    return max(1, math.floor(participation * num_clients + 1e-9))
-
-
-def one_line(err: BaseException) -> str:
-    """``"<Type>: <first line of the message>"`` (just the type for an empty message)."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-
-
-def timed() -> Callable[[], float]:
-    """A stopwatch: call the returned function for the seconds since creation."""
-    start = time.perf_counter()
-    return lambda: time.perf_counter() - start
-
-
-@dataclass
-class EngineConfig:
-    """How rounds run; the fields are :class:`~fl_lightning.lightning.module.FederatedModule`'s arguments of
-    the same names (``model.participation``, ...).
-
-    Attributes:
-        local: The clients' local work (steps, lr decay, clipping, seed, compile, vectorise).
-        participation: Fraction of clients per round in (0, 1].
-        clients_per_round: A fixed count per round (overrides ``participation``).
-        tolerate_client_failures: Exclude (and count) a client whose local work raises or uploads
-            non-finite values instead of stopping the run.
-        max_failed_rounds: Consecutive rounds without any accepted upload after which the run stops.
-        attack: Simulated malicious clients, ``model.attack`` (None: every client is honest, unless an
-            ``Attack`` plug-in in the strategy declares them: :func:`~fl_lightning.engine.attack.run_attack`).
-        eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.
-        system: The clients as devices on a simulated clock, with the round's straggler policy
-            (``model.system``; None: every client online, equally fast, finishing its work).
-    """
-
-    local: LocalConfig
-    participation: float = 1.0
-    clients_per_round: int | None = None
-    tolerate_client_failures: bool = True
-    max_failed_rounds: int = 3
-    attack: SimulatedAttack | None = None
-    eval_fraction: float = 1.0
-    system: SystemModel | None = None
-
-    def __post_init__(self) -> None:
-        """Refuse a bad value with one line naming its ``model.<field>`` (as the config spells it)."""
-        hint = "e.g. 0.1 samples 10% of clients"
-        check_number(self.participation, "model.participation", low=0, high=1, low_open=True, hint=hint)
-        if self.max_failed_rounds < 1:
-            raise ConfigError(f"model.max_failed_rounds={self.max_failed_rounds} must be >= 1 (default 3)")
-        hint = "e.g. 0.1 evaluates 10%"
-        check_number(self.eval_fraction, "model.eval_fraction", low=0, high=1, low_open=True, hint=hint)
-        if self.system is not None and not isinstance(self.system, SystemModel):
-            raise ConfigError(
-                f"model.system={self.system!r} must be a SystemModel (Devices, Trace, Stragglers)"
-            )
-
-    @property
-    def seed(self) -> int:
-        """The run seed (``model.seed``, i.e. ``seed_everything``)."""
-        return self.local.seed
-
-
-class ServerStep:
-    """How the engine takes the server optimizer's step (an adapter may count it, e.g. as Lightning's step).
-
-    Args:
-        optimizer: The server optimizer (or a wrapper with ``zero_grad`` and ``step``).
-    """
-
-    def __init__(self, optimizer: Any) -> None:
-        self.optimizer = optimizer
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def step(self) -> None:
-        """Step with the pseudo-gradient ``server_update`` set."""
-        self.optimizer.step()
-
-    def skip(self) -> None:
-        """A round without any upload: weights and optimizer state stay as they are (nothing to do here)."""
-
-
-class RoundListener:
-    """Round events an adapter may report (progress bars, callbacks); every method is optional."""
-
-    def round_start(self, round: int, clients: list[int]) -> None:
-        """Before the sampled clients train."""
-
-    def client_end(self, round: int, index: int, total: int, result: ClientResult | None) -> None:
-        """After the ``index``-th of this process's ``total`` clients (``result`` None: it failed)."""
-
-
-@dataclass
-class RoundOutcome:
-    """What a round returns: its record (also appended to :attr:`Engine.history`), its aggregate and
-    facts, and the reason the run must stop after it ("" to go on)."""
-
-    record: RoundRecord
-    result: RoundResult
-    stop_reason: str = ""
 
 
 @dataclass
@@ -208,10 +103,11 @@ class Engine:
         precision: A Lightning precision plugin for the clients' steps and evaluation (None: fp32).
         num_rounds: The rounds the run will do (-1: unknown); no stop is announced for the last one.
         attack: The run's simulated attack and where it was declared (set by :meth:`setup`; None: none).
-        clock: The simulated time in seconds (with a system model or an asynchronous strategy; part of the
-            checkpoint).
-        schedule: The asynchronous schedule of an :class:`~fl_lightning.api.asynchronous.AsyncStrategy`
-            (set by :meth:`setup`; None: synchronous rounds).
+        clock: The simulated time in seconds (part of the checkpoint; 0 without a clocked system model).
+        schedule: Who trains when (set by :meth:`setup`): synchronous
+            :class:`~fl_lightning.engine.schedule.Rounds`, or the
+            :class:`~fl_lightning.engine.asynchronous.AsyncSchedule` of an
+            :class:`~fl_lightning.api.asynchronous.AsyncStrategy`.
     """
 
     model: ClientModule
@@ -230,7 +126,7 @@ class Engine:
     _local_metrics: TaskMetrics | None = field(default=None, repr=False)
     attack: tuple[str, SimulatedAttack] | None = None
     clock: float = 0.0
-    schedule: Any = None
+    schedule: Schedule | None = None
     _system: SystemModel | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------------------ setup
@@ -285,15 +181,14 @@ class Engine:
                 f"model.strategy: {type(strategy).__name__} cannot wrap {type(inner).__name__}, an "
                 "asynchronous strategy (its server steps consume arrivals, not rounds); use it on its own"
             )
-        self._system, self.schedule = system, None
-        if system is None and not asynchronous:
-            return
-        if system is None:  # an asynchronous strategy needs a clock: equal devices
-            system = Devices(speed_sigma=0.0, bandwidth_sigma=0.0)
-            log.info(
-                "%s without model.system: every client an equal device (Devices with sigma 0)",
-                type(strategy).__name__,
-            )
+        if system is None:  # the null model: every client online, instantaneous (an asynchronous strategy
+            # needs a clock: equal devices)
+            system = Devices(speed_sigma=0.0, bandwidth_sigma=0.0) if asynchronous else Instant()
+            if asynchronous:
+                log.info(
+                    "%s without model.system: every client an equal device (Devices with sigma 0)",
+                    type(strategy).__name__,
+                )
         local = self.config.local
         nbytes = payload_bytes(
             {"weights": shared_state(self.model, exclude=strategy.personal_names(self.model))}
@@ -312,16 +207,16 @@ class Engine:
             )
         )
         self._system = system
-        log.info("model.system: %s", system.describe())
-        if asynchronous:
-            self.schedule = self._async_schedule(strategy, system)
+        if system.clocked:
+            log.info("model.system: %s", system.describe())
+        for notice in [] if asynchronous else system.idle(self.cohort):  # asynchronous: refused below
+            log.warning(notice)
+        self.schedule = self._async_schedule(strategy, system) if asynchronous else Rounds(self)
 
-    def _async_schedule(self, strategy: AsyncStrategy, system: SystemModel) -> Any:
+    def _async_schedule(self, strategy: AsyncStrategy, system: SystemModel) -> AsyncSchedule:
         """The asynchronous schedule of ``strategy``, after refusing what it cannot run (one line each)."""
-        from fl_lightning.engine.asynchronous import AsyncSchedule  # the schedule builds on this module
-
         name = type(strategy).__name__
-        rounds_only = type(system).plan is not SystemModel.plan  # a preset of round-level work (Stragglers)
+        rounds_only = system.plans_rounds  # a preset of round-level work (Stragglers)
         if system.deadline_s is not None or system.over_selection > 0 or rounds_only:
             what = (
                 f"model.system={type(system).__name__}"
@@ -354,14 +249,21 @@ class Engine:
                 f"model.participation); set buffer_size <= {in_flight} or set concurrency"
             )
         check_buffer(buffer, in_flight, name)
-        log.info("%s: %d clients in flight, a server step every %d arrivals", name, in_flight, buffer)
+        every = "at every arrival" if buffer == 1 else f"every {buffer} arrivals"
+        log.info("%s: %d clients in flight, a server step %s", name, in_flight, every)
         return AsyncSchedule(self, strategy, in_flight, buffer)
 
     @property
-    def system(self) -> SystemModel | None:
-        """The bound system model (``model.system``; for an asynchronous strategy without one, equal devices);
-        None: no simulated clock."""
+    def system(self) -> SystemModel:
+        """The bound system model (``model.system``; without one, the null model :class:`Instant`, or equal
+        devices for an asynchronous strategy)."""
+        assert self._system is not None, "call setup() first"
         return self._system
+
+    @property
+    def cohort(self) -> int:
+        """``K``, the clients a round keeps (``model.clients_per_round`` or ``model.participation``)."""
+        return num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
 
     def spec(self) -> RunSpec:
         """What the run is made of, for the strategy's :meth:`check`."""
@@ -399,7 +301,7 @@ class Engine:
     def metrics(self) -> TaskMetrics:
         """Fresh evaluation metrics of the run's task, on the model's device (they follow their inputs)."""
         assert self.task is not None, "call setup() first"
-        metrics = self.task.metrics(self.num_classes)
+        metrics = TaskMetrics(self.task, self.num_classes)
         device = module_device(self.model)
         return metrics if device.type == "cpu" else metrics.to(device)
 
@@ -412,29 +314,19 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ facts
     def sample(self, round: int) -> list[int]:
-        """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed (with a system
-        model: among the clients online when the round starts, :meth:`sample_online`)."""
-        if self._system is not None:
-            return self.sample_online(round, self._system.next_online_s(self.clock))[0]
-        count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
-        chosen = self.strategy.select_clients(self.num_clients, count, round, self.config.seed)
-        return checked_selection(chosen, self.num_clients)
+        """The clients of ``round``, sorted: :meth:`draw` among the clients online when the round starts."""
+        system = self.system
+        online = system.online(round, system.next_online_s(self.clock))
+        return self.draw(online, system.sample_count(self.cohort, len(online)), round)
 
-    def sample_online(self, round: int, start_s: float) -> tuple[list[int], int]:
-        """The clients of ``round`` starting at simulated time ``start_s`` and how many were online.
-
-        ``strategy.select_clients`` draws ``K`` (``ceil((1 + r) K)`` with over-selection, at most the clients
-        online) among the online clients only, seeded as always: its indices map onto the online clients in
-        id order, so with every client online the draw is the one without a system model.
-        """
-        assert self._system is not None
-        online = self._system.online(round, start_s)
+    def draw(self, online: list[int], count: int, slot: int) -> list[int]:
+        """``count`` of the ``online`` clients (sorted ids; none online: none), drawn by the strategy's
+        ``select_clients`` seeded by ``(seed, slot)`` (a round, or an asynchronous dispatch): its indices map
+        onto the online clients in id order, so with every client online it draws client ids directly."""
         if not online:
-            return [], 0
-        count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
-        count = self._system.sample_count(count, len(online))
-        chosen = self.strategy.select_clients(len(online), count, round, self.config.seed)
-        return [online[i] for i in checked_selection(chosen, len(online))], len(online)
+            return []
+        chosen = self.strategy.select_clients(len(online), count, slot, self.config.seed)
+        return [online[i] for i in checked_selection(chosen, len(online))]
 
     def malicious(self) -> frozenset[int]:
         """The clients the run's simulated attack makes malicious (drawn once from the run seed)."""
@@ -494,74 +386,54 @@ class Engine:
     def run_round(
         self, round: int, step: ServerStep | None = None, listener: RoundListener | None = None
     ) -> RoundOutcome:
-        """Run round ``round`` (0-based) end to end and record it in :attr:`history`.
+        """Run round (or server step) ``round`` (0-based) through the schedule and record it in
+        :attr:`history`.
 
         Raises:
             RunError: The strategy refuses the round (e.g. a spent privacy budget), or
                 ``max_failed_rounds`` consecutive rounds had no accepted upload.
         """
+        assert self.schedule is not None, "call setup() first"
         watch = timed()
         step = step if step is not None else ServerStep(self.server_optimizer())
         listener = listener if listener is not None else RoundListener()
-        if self.schedule is not None:  # an asynchronous strategy: a server step consumes arrivals
-            return self.schedule.step(round, step, listener)
-        system, plan, start = self._system, None, self.clock
-        if system is None:
-            sampled = self.sample(round)
-        else:
-            start = system.next_online_s(self.clock)  # a day/night cycle: wait for a client to be online
-            sampled, online = self.sample_online(round, start)
-        reason = self.strategy.stop_reason(round)
-        if reason:  # e.g. resumed past a privacy budget: nothing has run, the checkpoint is untouched
-            raise RunError(f"round {round} cannot run: {reason}")
-        if system is not None:
-            self.check_budget(round)
-            cohort = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
-            plan = system.plan(round, sampled, cohort) if sampled else RoundPlan([], {}, {})
-            plan.online, plan.wait_s = online, start - self.clock
-        listener.round_start(round, sampled)
-        result = self._train(round, sampled, listener, plan)
-        if result.info.aggregated:
-            step.zero_grad()
-            self.strategy.server_update(self.model, result.means, result.info)
-            step.step()
-            self.strategy.on_after_server_step(self.model, result.means, result.info)
-        else:
-            self._skip(round, result, step)
-        sim = None
-        if plan is not None:
-            self.clock = start + plan.duration_s
-            sim = SimulatedTime(
-                round_s=plan.wait_s + plan.duration_s,
-                time_s=self.clock,
-                online=plan.online,
-                late=len(plan.late),
-                partial=len(plan.partial),
-                discarded=len(plan.discarded),
-                dropped_out=len(plan.dropped_out),
-            )
-        record = self.round_record(round, result, watch(), sim, None if plan is None else plan.steps)
+        done = self.schedule.step(round, step, listener)
+        sim = done.sim if self.system.clocked else None
+        record = self.round_record(round, done.result, watch(), sim, done.steps)
         self.history.append(record)
-        return RoundOutcome(record, result, self.stop_after(round))
+        return RoundOutcome(record, done.result, self.stop_after(round))
 
-    def _train(
-        self, round: int, sampled: list[int], listener: RoundListener, plan: RoundPlan | None = None
-    ) -> RoundResult:
-        """Local work of the sampled clients (with a system model: those the round's plan trains, each with
-        its steps), the attack, the failure policy and the aggregate."""
-        assert self.executor is not None, "call setup() first"
-        agg = self.strategy.aggregator()
-        result = RoundResult(means={}, info=RoundInfo(round, sampled, [], self.num_clients))
-        work = self.work(round, sampled) if plan is None else self.work(round, plan.trained, steps=plan.steps)
-        self.collect(round, work, agg, result, listener)
-        if plan is not None:
-            self._dropouts(round, plan, result)
+    def check_round(self, round: int) -> None:
+        """Refuse a round (or server step) the strategy refuses (e.g. a spent privacy budget) or that the
+        simulated time budget does not allow (a resumed run), before anything of it runs."""
+        reason = self.strategy.stop_reason(round) or self._budget_spent()
+        if reason:
+            unit = self.schedule.unit if self.schedule is not None else "round"
+            raise RunError(f"{unit} {round} cannot run: {reason}")
+
+    def server_step(self, round: int, agg: Aggregator, result: RoundResult, step: ServerStep) -> None:
+        """The server step of every schedule: the aggregate through ``process_aggregate``, ``server_update``,
+        the server optimizer's step and ``on_after_server_step``; a round without uploads is skipped."""
         if not result.info.aggregated:  # every client failed: nothing to aggregate (the round is skipped)
-            return result
+            self._skip(round, result, step)
+            return
         result.info.weight_totals = agg.weight_totals
         result.means = self.strategy.process_aggregate(agg.means(), result.info)
         result.train_metrics = merge_train_states(result.train_states[c] for c in sorted(result.train_states))
-        return result
+        step.zero_grad()
+        self.strategy.server_update(self.model, result.means, result.info)
+        step.step()
+        self.strategy.on_after_server_step(self.model, result.means, result.info)
+
+    def refuse_dropout(self, where: str, client: int) -> None:
+        """The dropout policy: a mid-round dropout is a failed client, which stops the run under
+        ``model.tolerate_client_failures=false``."""
+        if not self.config.tolerate_client_failures:
+            raise RunError(
+                f"{where}: client {client} dropped out mid-round (model.system) and "
+                "model.tolerate_client_failures=false stops the run; set it to true to count dropouts as "
+                "failed clients"
+            )
 
     def collect(
         self, round: int, work: Work, agg: Aggregator, result: RoundResult, listener: RoundListener
@@ -599,8 +471,8 @@ class Engine:
                 self.store.put(cid, res.state)
             result.info.aggregated.append(cid)
             result.client_metrics[cid] = dict(res.metrics, num_samples=res.num_samples)
-            if work.steps is not None:  # the steps it actually ran (z_client/<id>/steps)
-                result.client_metrics[cid]["steps"] = work.steps[cid]
+            # the steps it ran (z_client/<id>/steps)
+            result.client_metrics[cid]["steps"] = work.local_for(cid).num_steps(work.data[cid])
             result.train_states[cid] = res.train_state
             result.bytes_down += res.bytes_down
             result.bytes_up += res.bytes_up
@@ -610,27 +482,6 @@ class Engine:
         result.vectorised = self.executor.counts["vectorised"] - vectorised
         for cid, state in self.executor.gather(work, agg, result).items():  # trained by another process
             self.store.put(cid, state)
-
-    def _dropouts(self, round: int, plan: RoundPlan, result: RoundResult) -> None:
-        """The plan's mid-round dropouts are failed clients of the round (after the processes' exchange: every
-        process adds the same), under the failure policy; a round with nobody online is skipped."""
-        if not plan.sampled:
-            result.error = "no client was online when the round sampled"
-            return
-        if not plan.steps and not plan.dropped_out:
-            result.error = "every sampled client was late (model.system.policy=drop)"
-        if not plan.dropped_out:
-            return
-        cid = plan.dropped_out[0]
-        if not self.config.tolerate_client_failures:
-            raise RunError(
-                f"round {round}: client {cid} dropped out mid-round (model.system) and "
-                "model.tolerate_client_failures=false stops the run; set it to true to count dropouts as "
-                "failed clients"
-            )
-        result.failed = sorted(result.failed + plan.dropped_out)
-        result.error = result.error or f"client {cid}: dropped out mid-round (model.system)"
-        log.debug("round %d: clients %s dropped out mid-round", round, plan.dropped_out)
 
     def _accept(
         self, round: int, cid: int, message: Payload, outcome: ClientResult | BaseException, malicious: bool
@@ -699,7 +550,7 @@ class Engine:
             bytes_down=result.bytes_down,
             bytes_up=result.bytes_up,
             time_s=seconds,
-            client_lr=local.lr_decay**round * float(getattr(self.model, "lr", 0.0)),
+            client_lr=local.lr_at(float(getattr(self.model, "lr", 0.0)), round),
             skipped=not result.info.aggregated,
             aggregated=len(result.info.aggregated),
             sampled=list(result.info.sampled),
@@ -722,12 +573,12 @@ class Engine:
             return ""
         reason = self.strategy.stop_reason(nxt) or self._budget_spent()
         if reason:
-            log.warning("stopping after round %d (%d rounds done): %s", round, nxt, reason)
+            unit = self.schedule.unit if self.schedule is not None else "round"
+            log.warning("stopping after %d %ss: %s", nxt, unit, reason)  # 1-based: the rounds done
         return reason
 
     def _budget_spent(self) -> str:
-        system = self._system
-        budget = None if system is None else system.max_sim_time_s
+        budget = self.system.max_sim_time_s
         if budget is None or self.clock < budget:
             return ""
         return (
@@ -735,26 +586,21 @@ class Engine:
             f"model.system.max_sim_time_s={budget:g})"
         )
 
-    def check_budget(self, round: int) -> None:
-        """Refuse a round after the simulated time budget is spent (a resumed run), before anything runs."""
-        reason = self._budget_spent()
-        if reason:
-            raise RunError(f"round {round} cannot run: {reason}")
-
     # ------------------------------------------------------------------------------------ checkpoint
     def schedule_state(self) -> dict[str, Any] | None:
         """The simulated clock and the asynchronous schedule's clients in flight, for the checkpoint (None:
         no simulated clock)."""
-        if self._system is None:
+        if not self.system.clocked:
             return None
         state: dict[str, Any] = {"clock": self.clock}
-        if self.schedule is not None:
-            state["async"] = self.schedule.state_dict()
+        held = self.schedule.state_dict() if self.schedule is not None else {}
+        if held:
+            state["async"] = held
         return state
 
     def load_schedule_state(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`schedule_state` (after :meth:`setup`)."""
-        if self._system is None or state is None:
+        if state is None or not self.system.clocked:
             return
         self.clock = float(state["clock"])
         if self.schedule is not None and "async" in state:

@@ -19,7 +19,6 @@ from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import Strategy
-from fl_lightning.api.task import Task
 from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.data.datasets import is_synthetic
@@ -233,6 +232,12 @@ class FederatedModule(LightningModule):
         return dm
 
     @property
+    def round_unit(self) -> str:
+        """What a training step is: ``"round"``, or ``"server step"`` for an asynchronous strategy."""
+        schedule = self.engine.schedule
+        return "round" if schedule is None else schedule.unit
+
+    @property
     def history(self) -> list[RoundRecord]:
         """The record of every round done (the engine's; part of the checkpoint)."""
         return self.engine.history
@@ -274,8 +279,8 @@ class FederatedModule(LightningModule):
         dm = self.datamodule
         dm.setup(stage)
         self.connect_data(dm, self.trainer.precision_plugin)
-        self.global_metrics = Task(dm.task).metrics(dm.num_classes)
-        self.group_metrics = {g: Task(dm.task).metrics(dm.num_classes) for g in dm.eval_groups}
+        self.global_metrics = TaskMetrics(dm.task, dm.num_classes)
+        self.group_metrics = {g: TaskMetrics(dm.task, dm.num_classes) for g in dm.eval_groups}
         loaded, self._loaded_state = self._loaded_state, None
         if loaded is not None and stage != "fit":  # fit restores its ckpt_path (without one: a new run)
             self.on_load_checkpoint(loaded)

@@ -142,3 +142,4 @@ def test_a_run_with_a_system_model_writes_its_simulated_time(tmp_path):
     s = read_summary(trainer.log_dir)
     assert s["sim_time_s"] == pytest.approx(module.engine.clock) and s["sim_target"] == 0.05
     assert s["sim_time_to_target_s"] == pytest.approx(module.history[0].sim.time_s)
+    assert (s["late_clients"], s["partial_clients"], s["dropped_out"], s["failed_clients"]) == (0, 0, 0, 0)

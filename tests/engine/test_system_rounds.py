@@ -178,7 +178,7 @@ def test_the_round_logs_the_clock_to_tensorboard(tmp_path):
 def test_no_system_model_no_clock():
     engine = make_engine(FedAvg())
     engine.run_round(0)
-    assert engine.system is None and engine.history[0].sim is None
+    assert not engine.system.clocked and engine.history[0].sim is None and engine.clock == 0
 
 
 def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():
@@ -189,3 +189,20 @@ def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():
     assert all(r.skipped and r.failed == 0 and r.sim.late == 4 for r in engine.history)
     assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
     assert engine.clock > 0  # the rounds took their time all the same
+
+
+def test_a_setting_that_cannot_act_says_so_once(caplog):
+    with caplog.at_level("WARNING", logger="fl_lightning"):
+        make_engine(num_clients=4, participation=1.0, system=Devices(over_selection=0.5))
+        make_engine(num_clients=4, participation=0.5, system=Devices(deadline_s=1e6))
+    said = [r.message for r in caplog.records if "cannot act" in r.message]
+    assert len(said) == 2
+    assert said[0].startswith("model.system.over_selection=0.5 cannot act: every round samples all 4")
+    assert said[1].startswith("model.system.deadline_s=1e+06 cannot act: every client's full round fits")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fl_lightning"):
+        engine = make_engine(
+            num_clients=8, participation=0.5, system=Devices(over_selection=0.5, deadline_s=0.2)
+        )
+        engine.run_round(0)
+    assert not any("cannot act" in r.message for r in caplog.records)

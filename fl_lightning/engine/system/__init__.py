@@ -13,7 +13,7 @@ The math is in :mod:`fl_lightning.functional.system`.
 
 from __future__ import annotations
 
-from fl_lightning.engine.system.base import SystemModel
+from fl_lightning.engine.system.base import Instant, SystemModel
 from fl_lightning.engine.system.devices import Devices
 from fl_lightning.engine.system.plan import RoundPlan
 from fl_lightning.engine.system.profiles import Profiles
@@ -21,4 +21,4 @@ from fl_lightning.engine.system.setup import Setup
 from fl_lightning.engine.system.stragglers import Stragglers
 from fl_lightning.engine.system.trace import Trace
 
-__all__ = ["Devices", "Profiles", "RoundPlan", "Setup", "Stragglers", "SystemModel", "Trace"]
+__all__ = ["Devices", "Instant", "Profiles", "RoundPlan", "Setup", "Stragglers", "SystemModel", "Trace"]

@@ -15,6 +15,7 @@ Sec. 5.2).
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -96,6 +97,15 @@ class SystemModel:
     #: How the config spells this object (messages name ``model.system.<option>``).
     field = "model.system"
 
+    #: Whether the model decides a synchronous round's work itself (its own :meth:`plan`, e.g.
+    #: :class:`~fl_lightning.engine.system.stragglers.Stragglers`): an asynchronous strategy, which has no
+    #: rounds, cannot run it.
+    plans_rounds = False
+
+    #: Whether the model runs a simulated clock (the null model, :class:`Instant`, does not: a run without
+    #: ``model.system`` records no simulated time).
+    clocked = True
+
     # ------------------------------------------------------------------------------ devices
     def profiles(self, num_clients: int, seed: int) -> Profiles:
         """Every client's device, a function of ``(seed, client)``; subclasses say where they come from."""
@@ -161,6 +171,28 @@ class SystemModel:
             f"{work} of {s.batch_size} samples at {self.devices.speed[fastest]:.3g} samples/s, "
             f"{self._up[fastest]:.3g} s upload); {fix}"
         )
+
+    def idle(self, cohort: int) -> list[str]:
+        """Why settings of the round's policy cannot act in this run (none: each can): over-selection when
+        every round samples every client, a deadline above every client's full round (no client is ever
+        late). The engine logs each once, before round 1."""
+        s = self.setup
+        out = []
+        if self.over_selection > 0 and cohort >= s.num_clients:
+            out.append(
+                f"{self.field}.over_selection={self.over_selection:g} cannot act: every round samples all "
+                f"{s.num_clients} clients (lower model.participation or model.clients_per_round to use it)"
+            )
+        if self.deadline_s is not None:
+            need = {c: self.client_seconds(c, s.full_steps[c]) for c in range(s.num_clients)}
+            slowest = max(need, key=lambda c: (need[c], -c))
+            if need[slowest] <= self.deadline_s:
+                out.append(
+                    f"{self.field}.deadline_s={self.deadline_s:g} cannot act: every client's full round fits "
+                    f"(the slowest, client {slowest}, needs {need[slowest]:.3g} s), so no client is ever "
+                    "late; lower it to cut stragglers"
+                )
+        return out
 
     # ------------------------------------------------------------------------------ availability
     def online(self, slot: int, time_s: float) -> list[int]:
@@ -288,4 +320,25 @@ def check_probability(value: object, field: str) -> None:
     check_number(value, field, low=0, high=1, hint="(a probability)")
 
 
-__all__ = ["DEVICE_STREAM", "DROPOUT_STREAM", "ONLINE_STREAM", "SystemModel", "check_probability"]
+class Instant(SystemModel):
+    """The null system model, a run without ``model.system``: every client online, its work instantaneous
+    (infinitely fast, no transfer time), no dropout, no deadline; the rounds run the same sequence as with a
+    system model, and the clock stays at 0."""
+
+    clocked = False
+
+    def profiles(self, num_clients: int, seed: int) -> Profiles:
+        inf = (math.inf,) * num_clients
+        return Profiles(
+            speed=inf,
+            download_mbps=inf,
+            upload_mbps=inf,
+            availability=(1.0,) * num_clients,
+            dropout=(0.0,) * num_clients,
+        )
+
+    def describe(self) -> str:
+        return "Instant: every client online, its work instantaneous"
+
+
+__all__ = ["DEVICE_STREAM", "DROPOUT_STREAM", "ONLINE_STREAM", "Instant", "SystemModel", "check_probability"]

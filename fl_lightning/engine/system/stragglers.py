@@ -48,6 +48,8 @@ class Stragglers(SystemModel):
         max_sim_time_s: End the run cleanly once the simulated clock reaches this (None: no budget).
     """
 
+    plans_rounds = True  # each round's stragglers and their epochs are its own plan
+
     def __init__(
         self,
         fraction: float = 0.5,
