@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fl_lightning.data import FederatedDataModule, LeafData, NaturalUsers, load_dataset
+from fl_lightning.data import FederatedDataModule, Leaf, NaturalUsers, load_dataset
 from fl_lightning.data.leaf import guess_kind, sent140_tokens, split_line
 from fl_lightning.data.text import LEAF_LETTERS, OOV
 from fl_lightning.errors import ConfigError
@@ -87,7 +87,7 @@ def test_sent140_tokens_bag_of_words_vocabulary(tmp_path):
         {"u1": ([tweet, [*tweet[:4], "sad sad day"]], [1, 0]), "u2": ([[*tweet[:4], "happy"]], [1])},
         {"u1": ([[*tweet[:4], "happy day"]], [1]), "u2": ([[*tweet[:4], "sad"]], [0])},
     )
-    splits = load_dataset("leaf", root, options=LeafData(vocab_size=4, max_words=5))
+    splits = load_dataset(Leaf(vocab_size=4, max_words=5), root)
     assert splits.name == "leaf:sent140" and splits.num_classes == 2 and splits.vocab_size == 5
     assert splits.train_x.shape == (3, 5) and splits.train_x.dtype == torch.int64
     assert splits.train_x.max().item() == 4  # unknown words and padding
@@ -103,12 +103,12 @@ def test_celeba_reads_leafs_raw_images(tmp_path):
         {"c1": (["000000.jpg", "000001.jpg"], [0.0, 1.0])},
         {"c1": (["000002.jpg", "000003.jpg"], [1, 0])},
     )
-    splits = load_dataset("leaf", root, options=LeafData(image_size=8))
+    splits = load_dataset(Leaf(image_size=8), root)
     assert splits.name == "leaf:celeba" and splits.num_classes == 2
     assert splits.train_x.shape == (2, 3, 8, 8) and splits.test_y.tolist() == [1, 0]
     missing = write_leaf(tmp_path / "other", {"c1": (["0.jpg"], [1])}, {"c1": (["1.jpg"], [0])})
     with pytest.raises(
-        ConfigError, match=r"^data\.leaf\.image_root: no CelebA image folder .*img_align_celeba"
+        ConfigError, match=r"^data\.dataset\.image_root: no CelebA image folder .*img_align_celeba"
     ):
         load_dataset("leaf", missing)
 
@@ -136,7 +136,7 @@ def test_guess_kind():
     assert guess_kind("x" * 80) == "shakespeare"
     assert guess_kind("000001.jpg") == "celeba"
     assert guess_kind(["1", "d", "q", "u", "t"]) == "sent140"
-    with pytest.raises(ConfigError, match="set data.leaf.name"):
+    with pytest.raises(ConfigError, match="set data.dataset.name"):
         guess_kind({"a": 1})
 
 
@@ -176,7 +176,7 @@ def test_a_malformed_file_names_its_path_and_key(tmp_path, content, says):
     root = write_leaf(tmp_path, {"u": femnist_user(2, rng, 1)}, {"u": femnist_user(1, rng, 1)})
     bad = next((root / "test").glob("*.json"))
     bad.write_text(content)
-    msg = _one_line(lambda: load_dataset("leaf", root, options=LeafData(name="synthetic")))
+    msg = _one_line(lambda: load_dataset(Leaf(name="synthetic"), root))
     assert msg.startswith(f"data.root: {bad}") and re.search(says, msg), msg
 
 
