@@ -382,11 +382,12 @@ BAD_INPUTS = [
     ),
     (
         ["--data.dataset=Shakespeare", "--data.dataset.max_windws=3"],
-        "error: data.dataset.max_windws is not an option of Shakespeare; did you mean data.dataset.max_windows?",
+        "error: data.dataset.max_windws is not an option of Shakespeare; did you mean "
+        "data.dataset.max_windows?",
     ),
     (
         ["--data.dataset=Shakespere"],
-        "error: data.dataset='Shakespere' is unknown; choose one of CIFAR10, CIFAR100, Digits, FashionMNIST, ",
+        "error: data.dataset='Shakespere' is unknown; choose one of CIFAR10, CIFAR100, Digits, ",
     ),
     (
         ["--data.dataset=fedprox_synthetic", "--data.partition=NaturalUsers"],  # the default SmallCNN

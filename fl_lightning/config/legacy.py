@@ -6,6 +6,8 @@ name and give its options in a field of the data module named after it; both kee
 * ``data.dataset: shakespeare`` (any :attr:`~fl_lightning.data.datasets.DatasetSource.registry_name`) is
   the class it names, ``{class_path: fl_lightning.data.shakespeare.Shakespeare}``; ``synthetic:<like>`` is
   ``Synthetic`` with ``like: <like>``;
+  (its ``init_args`` in full, defaults included, as a new run's ``config.yaml`` writes them, so a sweep
+  finds the runs it did before);
 * the options field (``data.shakespeare``, ``data.leaf``, ``data.fedprox_synthetic``, ``data.synthetic``:
   each class's :attr:`~fl_lightning.data.datasets.DatasetSource.former_options`) is that class's
   ``init_args``, applied when the dataset is that class and ignored otherwise, as before; an unset one
@@ -20,6 +22,7 @@ so ``--print_config`` and a new run's ``config.yaml`` show the class form.
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -54,6 +57,12 @@ def _named(name: str) -> tuple[type[DatasetSource], dict[str, Any]] | None:
     return None if cls is None else (cls, {})
 
 
+def _defaults(cls: type[DatasetSource]) -> dict[str, Any]:
+    """The class's constructor defaults: the ``init_args`` a new run's ``config.yaml`` writes out in full."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 def _class_of(spec: dict[str, Any]) -> type[DatasetSource] | None:
     short = str(spec.get("class_path", "")).rsplit(".", 1)[-1]
     return next((c for c in DATASETS.values() if c.__name__ == short), None)
@@ -72,7 +81,7 @@ def upgrade_data(data: dict[str, Any]) -> dict[str, Any]:
         if named is not None:
             cls, init_args = named
             options = former.get(cls.former_options[0]) if cls.former_options else None
-            init_args = {**init_args, **(options if isinstance(options, dict) else {})}
+            init_args = {**_defaults(cls), **init_args, **(options if isinstance(options, dict) else {})}
             data["dataset"] = {
                 "class_path": _class_path(cls),
                 **({"init_args": init_args} if init_args else {}),

@@ -182,3 +182,64 @@ def test_a_malformed_file_names_its_path_and_key(tmp_path, content, says):
 
 def test_download_is_refused(tmp_path):
     assert "data.download=true is not supported" in _one_line(lambda: load_dataset("leaf", tmp_path, True))
+
+
+# ------------------------------------------------------------------------------------------ nothing silent
+def test_a_user_without_test_data_is_left_out_of_client_evaluation_with_one_line(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    root = write_leaf(
+        tmp_path,
+        {"f0": femnist_user(5, rng, 3), "f1": femnist_user(4, rng, 7), "f2": femnist_user(3, rng, 0)},
+        {"f0": femnist_user(2, rng, 3), "f2": femnist_user(1, rng, 0)},  # f1 has no test data
+    )
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        dm = FederatedDataModule("leaf", str(root), partition=NaturalUsers())
+        dm.setup()
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert notices == [
+        "leaf: 1 of the 3 training users have no test data: they are left out of client evaluation "
+        "(personal/*, z_client/*), not scored on their training data"
+    ]
+    assert dm.splits.test_users is not None  # the others keep their own test data
+    f1 = dm.clients[dm.splits.users.index("f1")]
+    assert not f1.evaluable and f1.test_idx.numel() == 0 and list(f1.eval_batches(100)) == []
+    assert dm.eval_clients == [c.client_id for c in dm.clients if c is not f1]
+    f0 = dm.clients[dm.splits.users.index("f0")]
+    assert f0.evaluable and sum(len(y) for _, y in f0.eval_batches(100)) == 2
+
+
+def test_a_user_only_in_the_test_files_stays_in_the_global_test_set_with_one_line(tmp_path, caplog):
+    rng = np.random.default_rng(1)
+    root = write_leaf(
+        tmp_path,
+        {"f0": femnist_user(5, rng, 3), "f1": femnist_user(4, rng, 7)},
+        {"f0": femnist_user(2, rng, 3), "f1": femnist_user(1, rng, 7), "x9": femnist_user(3, rng, 1)},
+    )
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        dm = FederatedDataModule("leaf", str(root), partition=NaturalUsers())
+        dm.setup()
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(notices) == 1 and notices[0].startswith(
+        "leaf: 1 user(s) appear only in the test files (3 samples, e.g. 'x9'): their samples stay in the "
+        "global test set and belong to no client"
+    )
+    # not the by-user mode: every client's local test split is still its user's own test data
+    assert dm.splits.test_users.tolist() == [0, 0, 1, -1, -1, -1]
+    assert [c.test_idx.tolist() for c in dm.clients] == [[0, 1], [2]]
+    assert all(c.test_x is dm.splits.test_x for c in dm.clients)
+    assert [c.num_samples for c in dm.clients] == [5, 4]  # no training data lost to a local split
+    assert len(dm.splits.test_y) == 6  # the test-only user's samples are in the global test set
+
+
+def test_leafs_by_user_split_says_where_the_local_test_splits_come_from(tmp_path, caplog):
+    rng = np.random.default_rng(2)
+    root = write_leaf(tmp_path, {"f0": femnist_user(4, rng, 3)}, {"t0": femnist_user(2, rng, 3)})
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        splits = load_dataset("leaf", root)
+    assert splits.test_users is None
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert notices == [
+        "leaf: none of the 1 test users is a training user (LEAF's by-user split): the test files are the "
+        "global test set only, and each client's local test split is data.local_test_fraction of its "
+        "training data"
+    ]
