@@ -55,7 +55,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import IID, FederatedDataModule
-from fl_lightning.data.datasets import SyntheticData
+from fl_lightning.data.datasets import Synthetic
 from fl_lightning.engine.local import client_seed
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.lightning.module import FederatedModule
@@ -72,12 +72,11 @@ def make_net(args: argparse.Namespace) -> torch.nn.Module:
 
 def make_data(args: argparse.Namespace, clients: int) -> FederatedDataModule:
     dm = FederatedDataModule(
-        "synthetic:cifar10",
+        Synthetic(like="cifar10", train_size=clients * args.samples_per_client, test_size=100),
         num_clients=clients,
         partition=IID(),
         batch_size=args.batch_size,
         local_test_fraction=0.0,
-        synthetic=SyntheticData(train_size=clients * args.samples_per_client, test_size=100),
     )
     dm.setup("fit")
     return dm

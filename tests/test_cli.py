@@ -383,8 +383,8 @@ BAD_INPUTS = [
     ),
     (
         ["--data.partition=NaturalUsers"],
-        "error: data.partition=NaturalUsers needs a dataset with its own users (shakespeare, leaf, "
-        "fedprox_synthetic, flair); data.dataset='digits' has none",
+        "error: data.partition=NaturalUsers needs a dataset with its own users (fcube, fedprox_synthetic, "
+        "flair, leaf, shakespeare); data.dataset='digits' has none",
     ),
     (
         ["--data.dataset=fedprox_synthetic", "--data.partition=NaturalUsers", "--data.num_clients=40"],
@@ -396,12 +396,25 @@ BAD_INPUTS = [
         "error: data.root='no/such/folder' is not a LEAF data folder: no/such/folder/train has no .json",
     ),
     (
-        ["--data.dataset=fedprox_synthetic", "--data.fedprox_synthetic.alpha=-1"],
-        "error: data.fedprox_synthetic.alpha=-1.0 must be >= 0",
+        ["--data.dataset=fedprox_synthetic", "--data.fedprox_synthetic.alpha=-1"],  # the former spelling
+        "error: data.dataset.alpha=-1.0 must be >= 0",
+    ),
+    (
+        ["--data.dataset=FedProxSynthetic", "--data.dataset.alpha=-1"],
+        "error: data.dataset.alpha=-1.0 must be >= 0",
+    ),
+    (
+        ["--data.dataset=Shakespeare", "--data.dataset.max_windws=3"],
+        "error: data.dataset.max_windws is not an option of Shakespeare; did you mean "
+        "data.dataset.max_windows?",
+    ),
+    (
+        ["--data.dataset=Shakespere"],
+        "error: data.dataset='Shakespere' is unknown; choose one of CIFAR10, CIFAR100, Digits, ",
     ),
     (
         ["--data.dataset=fedprox_synthetic", "--data.partition=NaturalUsers"],  # the default SmallCNN
-        "error: model.client.net cannot take data.dataset='fedprox_synthetic' inputs of shape (60,)",
+        "error: model.client.net cannot take data.dataset=FedProxSynthetic(alpha=1.0, beta=1.0",
     ),
     (
         ["--model.client.net=CharLSTM"],
@@ -905,13 +918,14 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
     for section, name in [
         ("strategies (--model.strategy=NAME)", "FastSlow"),
         ("models (model.client.init_args.net", "SmallCNN"),
-        ("datasets (--data.dataset=NAME)", "digits"),
+        ("datasets (--data.dataset=NAME)", "Digits"),
+        ("datasets (--data.dataset=NAME)", "FCUBE"),
         ("partitions (--data.partition=NAME)", "DirichletWithReplacement"),
         ("partitions (--data.partition=NAME)", "QuantitySkew"),
         ("partitions (--data.partition=NAME)", "LabelQuantity"),
         ("transforms (--data.client_transform=NAME)", "LabelPermutation"),
         ("models (model.client.init_args.net", "CharLSTM"),
-        ("datasets (--data.dataset=NAME)", "fedprox_synthetic"),
+        ("datasets (--data.dataset=NAME)", "FedProxSynthetic"),
         ("systems (--model.system=NAME)", "Stragglers"),
     ]:
         assert section in out and name in out, section

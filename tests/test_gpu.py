@@ -18,7 +18,7 @@ from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import main
 from fl_lightning.data import FederatedDataModule
-from fl_lightning.data.datasets import SyntheticData
+from fl_lightning.data.datasets import Synthetic
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies
 
 from conftest import global_weights, make_data, make_module, make_trainer
@@ -29,7 +29,7 @@ SYNTHETIC = ["--data.dataset=synthetic:digits", "--data.num_clients=4"]
 
 
 def synthetic_data(**kw: Any) -> FederatedDataModule:
-    return make_data(dataset="synthetic:digits", synthetic=SyntheticData(train_size=400, test_size=100), **kw)
+    return make_data(dataset=Synthetic(like="digits", train_size=400, test_size=100), **kw)
 
 
 def run_cli(tmp_path: Path, *args: str) -> None:

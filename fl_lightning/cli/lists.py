@@ -21,7 +21,7 @@ LISTS: dict[str, tuple[str, Any]] = {
         "model.client.init_args.net: {class_path: fl_lightning.models.NAME}",
         lambda: sorted((c.__name__ for c in MODELS.values()), key=str.lower),
     ),
-    "datasets": ("--data.dataset=NAME", list_datasets),
+    "datasets": ("--data.dataset=NAME", list_datasets),  # the classes (a former lowercase name also works)
     "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
     "transforms": ("--data.client_transform=NAME", lambda: [c.__name__ for c in TRANSFORMS.values()]),
     "systems": ("--model.system=NAME", lambda: system_models()),

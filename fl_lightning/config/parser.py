@@ -13,6 +13,8 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
 from fl_lightning.config.errors import config_keys, parse_error, rewrite_float_arg
+from fl_lightning.config.legacy import upgrade_args, upgrade_config
+from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.data.transforms import TRANSFORMS
 from fl_lightning.models import MODELS
@@ -22,6 +24,7 @@ from fl_lightning.strategies import list_strategies
 REGISTRIES = {
     "strategy": list_strategies,
     "partition": lambda: [c.__name__ for c in PARTITIONERS.values()],
+    "dataset": list_datasets,
     "client_transform": lambda: [c.__name__ for c in TRANSFORMS.values()],
     "net": lambda: sorted({c.__name__ for c in MODELS.values()}, key=str.lower),
 }
@@ -42,7 +45,10 @@ class FederatedArgumentParser(LightningArgumentParser):
     ``allow_abbrev=False`` turns that off here and, through the parser class, in every subcommand's and
     every nested class's parser. An unknown option, class name or value gets "did you mean ...?" where a
     known one is close; a float field given ``nan``/``inf`` (text to YAML) is parsed again as
-    ``.nan``/``.inf`` so that the field's own check says what it accepts.
+    ``.nan``/``.inf`` so that the field's own check says what it accepts. The former spellings of
+    ``data.dataset`` and its options (``--data.dataset=shakespeare --data.shakespeare.max_windows=500``, in a
+    command line, a config file or a run's ``config.yaml``) are read as the dataset classes
+    (:mod:`fl_lightning.config.legacy`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -50,7 +56,7 @@ class FederatedArgumentParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = upgrade_args(list(sys.argv[1:] if args is None else args))
         for _ in range(len(argv) + 1):
             self._fl_args = argv
             try:
@@ -58,6 +64,20 @@ class FederatedArgumentParser(LightningArgumentParser):
             except _NonFiniteFloatError as retry:
                 argv = retry.new_args
         return super().parse_args(argv, *more, **kwargs)
+
+    def parse_object(self, cfg_obj: Any, *more: Any, **kwargs: Any) -> Any:
+        return super().parse_object(upgrade_config(cfg_obj), *more, **kwargs)
+
+    def _load_config_parser_mode(self, content: str, *more: Any, **kwargs: Any) -> Any:
+        """A config file's content with the former dataset spellings upgraded, then jsonargparse's reading."""
+        try:
+            loaded = yaml.safe_load(content)
+        except yaml.YAMLError:  # jsonargparse reports it (one line: yaml_error)
+            loaded = None
+        upgraded = upgrade_config(loaded)
+        if upgraded is not loaded and upgraded != loaded:
+            content = yaml.safe_dump(upgraded, sort_keys=False)
+        return super()._load_config_parser_mode(content, *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse is trying alternatives: let it catch the error

@@ -1,12 +1,24 @@
-"""Federated data: datasets, partitioners, client transforms, the federated LightningDataModule."""
+"""Federated data: dataset classes, partitioners, client transforms, the federated LightningDataModule."""
 
-from fl_lightning.data import fashion_mnist as fashion_mnist  # registers the "fashion_mnist" dataset
-from fl_lightning.data import flair as flair  # registers the "flair" dataset
-from fl_lightning.data import tiny_imagenet as tiny_imagenet  # registers the "tiny_imagenet" dataset
-from fl_lightning.data.datasets import DatasetSplits, list_datasets, load_dataset, register_dataset
+from fl_lightning.data.datasets import (
+    CIFAR10,
+    CIFAR100,
+    MNIST,
+    DatasetSource,
+    DatasetSplits,
+    Digits,
+    Synthetic,
+    get_dataset,
+    list_datasets,
+    load_dataset,
+    register_dataset,
+)
+from fl_lightning.data.fashion_mnist import FashionMNIST
+from fl_lightning.data.fcube import FCUBE
 from fl_lightning.data.federated import ClientData, FederatedDataModule, RoundLoader
-from fl_lightning.data.fedprox_synthetic import FedProxSyntheticData  # registers "fedprox_synthetic"
-from fl_lightning.data.leaf import LeafData  # registers the "leaf" dataset
+from fl_lightning.data.fedprox_synthetic import FedProxSynthetic
+from fl_lightning.data.flair import Flair
+from fl_lightning.data.leaf import Leaf
 from fl_lightning.data.partition import (
     IID,
     Dirichlet,
@@ -20,7 +32,8 @@ from fl_lightning.data.partition import (
     QuantitySkew,
     list_partitioners,
 )
-from fl_lightning.data.shakespeare import ShakespeareData  # registers the "shakespeare" dataset
+from fl_lightning.data.shakespeare import Shakespeare
+from fl_lightning.data.tiny_imagenet import TinyImageNet
 from fl_lightning.data.transforms import (
     ClientTransform,
     GaussianNoise,
@@ -31,19 +44,27 @@ from fl_lightning.data.transforms import (
 )
 
 __all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "FCUBE",
     "IID",
+    "MNIST",
     "ClientData",
     "ClientTransform",
+    "DatasetSource",
     "DatasetSplits",
+    "Digits",
     "Dirichlet",
     "DirichletWithReplacement",
-    "FedProxSyntheticData",
+    "FashionMNIST",
+    "FedProxSynthetic",
     "FederatedDataModule",
+    "Flair",
     "GaussianNoise",
     "LabelNoise",
     "LabelPermutation",
     "LabelQuantity",
-    "LeafData",
+    "Leaf",
     "MixedSkew",
     "NaturalUsers",
     "Partitioner",
@@ -52,7 +73,10 @@ __all__ = [
     "QuantitySkew",
     "Rotation",
     "RoundLoader",
-    "ShakespeareData",
+    "Shakespeare",
+    "Synthetic",
+    "TinyImageNet",
+    "get_dataset",
     "list_datasets",
     "list_partitioners",
     "list_transforms",

@@ -1,25 +1,37 @@
-"""In-memory classification datasets as tensors.
+"""Where a federation's data comes from: dataset classes, their in-memory splits, the shared loaders.
 
-Every loader returns a :class:`DatasetSplits` whose labels are ``int64`` tensors and whose inputs are
-images as ``float32 [N, C, H, W]`` tensors normalised per channel with the mean and standard deviation of
-the training split, vectors ``float32 [N, D]`` (``fedprox_synthetic``, LEAF's Synthetic), or token ids
-``[N, T]`` (``shakespeare``, LEAF's Shakespeare and Sent140; ``vocab_size`` says how many). Datasets with
-their own users say each sample's user (``users``, ``train_users``, ``test_users``). Loaders are
-registered by name with :func:`register_dataset` and called via :func:`load_dataset`. ``digits`` ships
-with scikit-learn (no download); the torchvision datasets read the files torchvision itself downloads
-(torchvision is imported lazily, inside the loaders); ``fashion_mnist``
+A dataset is a :class:`DatasetSource` subclass chosen like a partition or a client transform
+(``--data.dataset=Shakespeare --data.dataset.max_windows=500``, or ``class_path``/``init_args`` in YAML),
+each with its own typed, documented constructor arguments and the declaration whether it brings its own
+users (:attr:`DatasetSource.brings_users`: natural per-user data, ``data.partition=NaturalUsers``). Its
+:meth:`~DatasetSource.load` returns a :class:`DatasetSplits` whose labels are ``int64`` tensors and whose
+inputs are images as ``float32 [N, C, H, W]`` tensors normalised per channel with the mean and standard
+deviation of the training split, vectors ``float32 [N, D]`` (``FedProxSynthetic``, ``FCUBE``, LEAF's
+Synthetic), or token ids ``[N, T]`` (``Shakespeare``, LEAF's Shakespeare and Sent140; ``vocab_size`` says
+how many). Datasets with their own users say each sample's user (``users``, ``train_users``,
+``test_users``).
+
+Every class also has a registry name (:attr:`DatasetSource.registry_name`: ``digits``, ``shakespeare``,
+...), the spelling of ``data.dataset`` before datasets were classes; :func:`get_dataset` resolves a name, a
+class name or a ``class_path`` mapping, and ``fl_lightning.config`` reads the former spellings
+(``--data.dataset=shakespeare --data.shakespeare.max_windows=500``, ``synthetic:cifar100``) as the
+classes. ``Digits`` ships with scikit-learn (no download); the torchvision datasets read the files
+torchvision itself downloads (torchvision is imported lazily, inside the loaders); ``FashionMNIST``
 (:mod:`fl_lightning.data.fashion_mnist`) also reads the files of Debian's ``dataset-fashion-mnist``
-package in place.
+package in place. The loaders' building blocks (:func:`normalise`, :func:`uint8_to_normalised`,
+:func:`channel_stats_uint8`, :func:`load_torchvision`, :func:`first_line`) are public here for the
+dataset modules.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
-import inspect
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -27,14 +39,27 @@ import torch
 from fl_lightning.errors import ConfigError
 
 __all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "DATASETS",
+    "MNIST",
     "SYNTHETIC_LIKE",
+    "DatasetSource",
     "DatasetSplits",
-    "SyntheticData",
+    "Digits",
+    "Synthetic",
+    "channel_stats_uint8",
+    "first_line",
+    "get_dataset",
     "is_synthetic",
     "list_datasets",
     "load_dataset",
+    "load_torchvision",
+    "normalise",
     "register_dataset",
     "synthetic_dataset",
+    "uint8_to_normalised",
+    "user_datasets",
 ]
 
 
@@ -43,7 +68,7 @@ class DatasetSplits:
     """A dataset's train and test splits, in memory.
 
     Attributes:
-        name: Registry name of the dataset.
+        name: The dataset's registry name (:attr:`DatasetSource.key`).
         task: ``"multiclass"`` or ``"multilabel"``.
         num_classes: Number of classes (labels for multilabel data).
         train_x: ``float32 [N, C, H, W]`` training images, normalised per channel with the training
@@ -89,65 +114,172 @@ class DatasetSplits:
         return self.has_users and self.test_users is not None
 
 
-Loader = Callable[[Path, bool], DatasetSplits]
-_DATASETS: dict[str, Loader] = {}
+#: Every dataset class by its registry name (filled as the classes are defined: a subclass that sets
+#: :attr:`DatasetSource.name` registers itself).
+DATASETS: dict[str, type[DatasetSource]] = {}
 
 
-def register_dataset(name: str) -> Callable[[Loader], Loader]:
-    """Decorator registering a loader ``(root: Path, download: bool) -> DatasetSplits`` under ``name``.
+class DatasetSource(ABC):
+    """Base: a dataset a federation is built from (``data.dataset``).
 
-    Args:
-        name: Registry name (the value of ``data.dataset``).
-
-    Returns:
-        A decorator that registers the loader and returns it unchanged.
+    A subclass sets :attr:`registry_name` (its registry name, registering the class), :attr:`brings_users`
+    (whether its samples come with their own users: the natural partition ``NaturalUsers`` applies), keeps
+    each constructor argument as a public attribute of the same name (checked in ``__init__``, raising
+    :class:`~fl_lightning.errors.ConfigError` with the field ``data.dataset.<argument>``), and implements
+    :meth:`load`.
     """
 
-    def decorate(fn: Loader) -> Loader:
-        _DATASETS[name] = fn
-        return fn
+    #: The registry name: the ``data.dataset`` spelling of configs written before datasets were classes.
+    registry_name: ClassVar[str] = ""
+    #: Whether the samples come with their users (``DatasetSplits.users``): ``NaturalUsers`` applies.
+    brings_users: ClassVar[bool] = False
+    #: Whether :meth:`load` reads files (``data.download`` may fetch them); generated data: False.
+    reads_files: ClassVar[bool] = True
+    #: ``(field, class name)`` of the options of configs written before datasets were classes
+    #: (``data.shakespeare``: ``ShakespeareData``): the config layer reads the field as this class's
+    #: arguments, and :meth:`fingerprint` states them as those checkpoints did.
+    former_options: ClassVar[tuple[str, str] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("registry_name"):
+            DATASETS[cls.registry_name] = cls
+
+    @abstractmethod
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        """The dataset's train and test splits, in memory.
+
+        Args:
+            root: ``data.root`` (user folder expanded): where the files are (or go).
+            download: ``data.download``: the loader may fetch missing files (needs network).
+
+        Raises:
+            ConfigError: For missing or unreadable files, or an argument out of range (one line).
+        """
+
+    def prepare(self, root: Path, download: bool) -> None:
+        """Fetch the files once (``LightningDataModule.prepare_data``): loads with ``download`` when set."""
+        if download and self.reads_files:
+            self.load(root, True)
+
+    @property
+    def key(self) -> str:
+        """The registry spelling of this dataset (``data.dataset`` in messages and fingerprints)."""
+        return self.registry_name
+
+    def args(self) -> dict[str, Any]:
+        """The constructor arguments, which subclasses keep as public attributes of the same names."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def fingerprint(self) -> dict[str, str]:
+        """The facts a checkpoint must agree with (as checkpoints written before the classes state them)."""
+        facts = {"data.dataset": self.key}
+        if self.former_options is not None:
+            field, cls_name = self.former_options
+            args = ", ".join(f"{k}={v!r}" for k, v in self.args().items())
+            facts[f"data.{field}"] = f"{cls_name}({args})"
+        return facts
+
+    def __repr__(self) -> str:
+        # skip jsonargparse's lazy-instance wrapper classes so the repr is stable
+        cls = next(
+            c
+            for c in type(self).__mro__
+            if not c.__module__.startswith("jsonargparse") and not c.__name__.startswith("LazyInstance_")
+        )
+        return f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in self.args().items())})"
+
+
+def list_datasets() -> list[str]:
+    """The dataset classes' names, sorted case-insensitively (the values of ``--data.dataset``)."""
+    return sorted((c.__name__ for c in DATASETS.values()), key=str.lower)
+
+
+def user_datasets() -> list[str]:
+    """The registry names of the datasets that bring their own users (``NaturalUsers`` applies), sorted."""
+    return sorted(n for n, c in DATASETS.items() if c.brings_users)
+
+
+def _by_name(name: str) -> type[DatasetSource] | None:
+    """The class a registry name (``shakespeare``) or class name (``Shakespeare``) names, or None."""
+    key = name.strip()
+    by_class = {c.__name__: c for c in DATASETS.values()}
+    if key in by_class:
+        return by_class[key]
+    return DATASETS.get(key.lower().replace("-", "_"))
+
+
+def get_dataset(spec: DatasetSource | str | Mapping[str, Any]) -> DatasetSource:
+    """The dataset ``spec`` names: an instance (returned as is), a class or registry name (``Shakespeare``,
+    ``shakespeare``, ``synthetic:cifar100``), or a ``{class_path, init_args}`` mapping.
+
+    Raises:
+        ConfigError: For an unknown name (the line lists the classes and suggests a close one).
+    """
+    if isinstance(spec, DatasetSource):
+        return spec
+    if isinstance(spec, Mapping):
+        name = str(spec.get("class_path", "")).rsplit(".", 1)[-1]
+        cls = _by_name(name)
+        if cls is None:
+            raise _unknown(str(spec.get("class_path")))
+        return cls(**dict(spec.get("init_args") or {}))
+    text = str(spec)
+    if is_synthetic(text):
+        return Synthetic(like=text.split(":", 1)[1] if ":" in text else None)
+    cls = _by_name(text)
+    if cls is None:
+        raise _unknown(text)
+    return cls()
+
+
+def _unknown(name: str) -> ConfigError:
+    names = {**{c.__name__: c for c in DATASETS.values()}, **DATASETS}
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    hint = f"; did you mean {names[close[0]].__name__}?" if close else ""
+    return ConfigError(
+        f"data.dataset={name!r} is unknown; choose one of {', '.join(list_datasets())} "
+        f"(`python -m fl_lightning list datasets`){hint}"
+    )
+
+
+def register_dataset(name: str) -> Callable[[Callable[[Path, bool], DatasetSplits]], type[DatasetSource]]:
+    """Decorator making a loader function ``(root, download) -> DatasetSplits`` a dataset class named ``name``
+    (no arguments, no users of its own); a class with arguments subclasses :class:`DatasetSource`.
+
+    Returns:
+        A decorator that returns the new class (registered under ``name``).
+    """
+
+    def decorate(fn: Callable[[Path, bool], DatasetSplits]) -> type[DatasetSource]:
+        def load(self: DatasetSource, root: Path, download: bool) -> DatasetSplits:
+            return fn(root, download)
+
+        cls_name = "".join(part.capitalize() for part in name.split("_")) or "Loaded"
+        return type(cls_name, (DatasetSource,), {"registry_name": name, "load": load, "__doc__": fn.__doc__})
 
     return decorate
 
 
-def list_datasets() -> list[str]:
-    """Registered dataset names, sorted."""
-    return sorted(_DATASETS)
-
-
 def load_dataset(
-    name: str,
-    root: str | Path = "data",
-    download: bool = False,
-    synthetic: SyntheticData | None = None,
-    options: Any = None,
+    spec: DatasetSource | str | Mapping[str, Any], root: str | Path = "data", download: bool = False
 ) -> DatasetSplits:
-    """Load a registered dataset into memory.
+    """Load a dataset into memory (see :func:`get_dataset` for ``spec``).
 
     Args:
-        name: Registry name (``data.dataset``), e.g. ``"digits"`` or ``"cifar10"``, or ``synthetic`` /
-            ``synthetic:<name>`` for generated data (:func:`synthetic_dataset`).
+        spec: A dataset, its name (``"digits"``, ``"Digits"``, ``"synthetic:cifar100"``) or a
+            ``class_path`` mapping (``config.yaml``'s ``data.dataset``).
         root: Folder holding (or receiving) the dataset files (``data.root``).
         download: Let the loader download missing files (``data.download``; needs network).
-        synthetic: Options of the generated data (``data.synthetic``); ignored for other datasets.
-        options: The dataset's own options (``data.shakespeare``, ``data.leaf``, ``data.fedprox_synthetic``),
-            passed to loaders that take an ``options`` argument; None: their defaults.
 
     Raises:
         ConfigError: For an unknown name (the message lists the known names) or missing files.
     """
-    if is_synthetic(name):
-        return synthetic_dataset(name, synthetic)
-    if name not in _DATASETS:
-        raise ConfigError(f"data.dataset={name!r} is unknown; choose one of {', '.join(list_datasets())}")
-    loader = _DATASETS[name]
-    if "options" in inspect.signature(loader).parameters:
-        return loader(Path(root).expanduser(), bool(download), options=options)  # type: ignore[call-arg]
-    return loader(Path(root).expanduser(), bool(download))
+    return get_dataset(spec).load(Path(root).expanduser(), bool(download))
 
 
 # ------------------------------------------------------------------------------------- normalisation
-def _channel_stats_uint8(images: np.ndarray, channel_axis: int) -> tuple[np.ndarray, np.ndarray]:
+def channel_stats_uint8(images: np.ndarray, channel_axis: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact per-channel mean/std (population) of uint8 images scaled to [0, 1], via histograms."""
     values = np.arange(256, dtype=np.float64) / 255.0
     means, stds = [], []
@@ -161,7 +293,7 @@ def _channel_stats_uint8(images: np.ndarray, channel_axis: int) -> tuple[np.ndar
     return np.asarray(means), np.asarray(stds)
 
 
-def _normalise(x: torch.Tensor, mean: np.ndarray, std: np.ndarray) -> torch.Tensor:
+def normalise(x: torch.Tensor, mean: np.ndarray, std: np.ndarray) -> torch.Tensor:
     """``(x - mean) / std`` per channel of a ``[N, C, H, W]`` tensor, in place; a zero std counts as 1."""
     std = np.where(std > 0, std, 1.0)
     m = torch.as_tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
@@ -169,32 +301,38 @@ def _normalise(x: torch.Tensor, mean: np.ndarray, std: np.ndarray) -> torch.Tens
     return x.sub_(m).div_(s)
 
 
-def _uint8_to_normalised(
-    train: np.ndarray, test: np.ndarray, channels_last: bool
-) -> tuple[torch.Tensor, ...]:
+def uint8_to_normalised(train: np.ndarray, test: np.ndarray, channels_last: bool) -> tuple[torch.Tensor, ...]:
     """uint8 images (``[N, H, W]`` or ``[N, H, W, C]``) -> normalised ``float32 [N, C, H, W]`` tensors."""
     if train.ndim == 3:
         train, test = train[:, None], test[:, None]
         channels_last = False
-    mean, std = _channel_stats_uint8(train, channel_axis=3 if channels_last else 1)
+    mean, std = channel_stats_uint8(train, channel_axis=3 if channels_last else 1)
     out = []
     for arr in (train, test):
         x = torch.from_numpy(np.ascontiguousarray(arr))
         if channels_last:
             x = x.permute(0, 3, 1, 2).contiguous()  # reorder as uint8, before the 4x larger float copy
         x = x.to(torch.float32).div_(255.0)
-        out.append(_normalise(x, mean, std))
+        out.append(normalise(x, mean, std))
     return tuple(out)
 
 
-# ------------------------------------------------------------------------------------------- loaders
-@register_dataset("digits")
-def _load_digits(root: Path, download: bool) -> DatasetSplits:
+# ------------------------------------------------------------------------------------------- datasets
+class Digits(DatasetSource):
     """scikit-learn's embedded 8x8 digits (1797 images, 10 classes), fixed stratified 80/20 split.
 
     The split is ``train_test_split(test_size=0.2, stratify=y, random_state=0)`` (1437 train, 360
-    test); ``root`` and ``download`` are ignored.
+    test); ``data.root`` and ``data.download`` are ignored (the data ships with scikit-learn).
     """
+
+    registry_name = "digits"
+    reads_files = False
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return _digits()
+
+
+def _digits() -> DatasetSplits:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -203,8 +341,8 @@ def _load_digits(root: Path, download: bool) -> DatasetSplits:
     y = digits.target.astype(np.int64)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
     mean, std = np.array([x_tr.mean()]), np.array([x_tr.std()])
-    train_x = _normalise(torch.from_numpy(x_tr[:, None]).to(torch.float32), mean, std)
-    test_x = _normalise(torch.from_numpy(x_te[:, None]).to(torch.float32), mean, std)
+    train_x = normalise(torch.from_numpy(x_tr[:, None]).to(torch.float32), mean, std)
+    test_x = normalise(torch.from_numpy(x_te[:, None]).to(torch.float32), mean, std)
     return DatasetSplits(
         name="digits",
         task="multiclass",
@@ -216,7 +354,7 @@ def _load_digits(root: Path, download: bool) -> DatasetSplits:
     )
 
 
-def _torchvision_splits(name: str, cls_name: str, root: Path, download: bool) -> tuple[Any, Any]:
+def torchvision_splits(name: str, cls_name: str, root: Path, download: bool) -> tuple[Any, Any]:
     """Instantiate ``torchvision.datasets.<cls_name>`` for both splits, mapping failures to ConfigError."""
     try:
         tv_datasets = importlib.import_module("torchvision.datasets")
@@ -231,7 +369,7 @@ def _torchvision_splits(name: str, cls_name: str, root: Path, download: bool) ->
         if download:
             raise ConfigError(
                 f"data.dataset={name!r}: download into data.root='{root}' failed or left missing/corrupt "
-                f"files ({_first_line(e)}); check the network, delete partial files and retry"
+                f"files ({first_line(e)}); check the network, delete partial files and retry"
             ) from None
         raise ConfigError(
             f"data.dataset={name!r}: no files under data.root='{root}'; set data.download=true to fetch them "
@@ -240,27 +378,25 @@ def _torchvision_splits(name: str, cls_name: str, root: Path, download: bool) ->
     except OSError as e:  # network errors (URLError is an OSError) or unreadable files
         raise ConfigError(
             f"data.dataset={name!r}: could not read or download files under data.root='{root}' "
-            f"({_first_line(e)}); check the network or point data.root at an existing copy"
+            f"({first_line(e)}); check the network or point data.root at an existing copy"
         ) from None
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _as_numpy_uint8(data: Any) -> np.ndarray:
+def as_numpy_uint8(data: Any) -> np.ndarray:
     arr = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
     return np.asarray(arr, dtype=np.uint8)
 
 
-def _load_torchvision(
-    name: str, cls_name: str, num_classes: int, root: Path, download: bool
-) -> DatasetSplits:
-    train, test = _torchvision_splits(name, cls_name, root, download)
-    tr, te = _as_numpy_uint8(train.data), _as_numpy_uint8(test.data)
+def load_torchvision(name: str, cls_name: str, num_classes: int, root: Path, download: bool) -> DatasetSplits:
+    train, test = torchvision_splits(name, cls_name, root, download)
+    tr, te = as_numpy_uint8(train.data), as_numpy_uint8(test.data)
     channels_last = tr.ndim == 4  # CIFAR: [N, 32, 32, 3]; MNIST family: [N, 28, 28]
-    train_x, test_x = _uint8_to_normalised(tr, te, channels_last)
+    train_x, test_x = uint8_to_normalised(tr, te, channels_last)
     return DatasetSplits(
         name=name,
         task="multiclass",
@@ -272,22 +408,31 @@ def _load_torchvision(
     )
 
 
-@register_dataset("mnist")
-def _load_mnist(root: Path, download: bool) -> DatasetSplits:
+class MNIST(DatasetSource):
     """MNIST (LeCun et al., 1998): 60k/10k 28x28 grey digits, 10 classes, via torchvision."""
-    return _load_torchvision("mnist", "MNIST", 10, root, download)
+
+    registry_name = "mnist"
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return load_torchvision("mnist", "MNIST", 10, root, download)
 
 
-@register_dataset("cifar10")
-def _load_cifar10(root: Path, download: bool) -> DatasetSplits:
+class CIFAR10(DatasetSource):
     """CIFAR-10 (Krizhevsky, 2009): 50k/10k 32x32 RGB images, 10 classes, via torchvision."""
-    return _load_torchvision("cifar10", "CIFAR10", 10, root, download)
+
+    registry_name = "cifar10"
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return load_torchvision("cifar10", "CIFAR10", 10, root, download)
 
 
-@register_dataset("cifar100")
-def _load_cifar100(root: Path, download: bool) -> DatasetSplits:
+class CIFAR100(DatasetSource):
     """CIFAR-100 (Krizhevsky, 2009): 50k/10k 32x32 RGB images, 100 fine classes, via torchvision."""
-    return _load_torchvision("cifar100", "CIFAR100", 100, root, download)
+
+    registry_name = "cifar100"
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return load_torchvision("cifar100", "CIFAR100", 100, root, download)
 
 
 # ------------------------------------------------------------------------------------------ synthetic
@@ -307,41 +452,7 @@ _GRID = 4  # class patterns and clutter are bilinear images of a 4x4 grid of Gau
 _CHUNK = 4096  # samples generated per block (bounds the temporaries)
 
 
-@dataclass(frozen=True)
-class SyntheticData:
-    """Options of the generated dataset (``data.synthetic``, read when ``data.dataset`` is synthetic).
-
-    Unset fields (None) take the values of the preset named by ``data.dataset``: ``synthetic`` is
-    CIFAR-10-shaped; ``synthetic:<name>`` mimics ``<name>`` (one of :data:`SYNTHETIC_LIKE`: cifar10,
-    cifar100, mnist, fashion_mnist, digits, tiny_imagenet, flair).
-
-    Args:
-        shape: Input shape ``[C, H, W]``.
-        num_classes: Classes (labels of a multilabel task).
-        multilabel: Multi-hot targets (each label on with probability ``1/L``, plus one drawn uniformly).
-        train_size: Training samples.
-        test_size: Test samples.
-        noise: Std of the class-independent part relative to the class patterns; larger is harder.
-            At the default 2, a linear classifier trained for 3 epochs reaches about 95% test accuracy
-            on 10 classes (3k training samples) and about 70% on 100 (10k).
-        seed: Seed of the generated data (the partition has its own, ``data.seed``).
-    """
-
-    shape: tuple[int, ...] | None = None
-    num_classes: int | None = None
-    multilabel: bool | None = None
-    train_size: int | None = None
-    test_size: int | None = None
-    noise: float = 2.0
-    seed: int = 0
-
-
-def is_synthetic(name: str) -> bool:
-    """Whether ``data.dataset=name`` selects the generated dataset (``synthetic`` or ``synthetic:<name>``)."""
-    return name == SYNTHETIC or name.startswith(SYNTHETIC + ":")
-
-
-def synthetic_dataset(name: str = SYNTHETIC, options: SyntheticData | None = None) -> DatasetSplits:
+class Synthetic(DatasetSource):
     """A seeded, learnable image classification dataset generated in memory (no files, no download).
 
     Each class ``c`` has a smooth pattern ``P_c`` (a bilinear upsampling of a 4x4 grid of standard
@@ -355,41 +466,110 @@ def synthetic_dataset(name: str = SYNTHETIC, options: SyntheticData | None = Non
     instead of being perfect after one step. Images are normalised per channel with the training split's
     statistics, as the other datasets. The training and test splits come from separate streams of
     ``seed``: the test set does not depend on ``train_size``. 10k CIFAR-shaped images take about a
-    second and 120 MB.
+    second and 120 MB. Former spellings: ``data.dataset=synthetic`` / ``synthetic:<like>`` with the
+    arguments below under ``data.synthetic``.
+
+    Unset arguments (None) take the values of the preset ``like`` names.
 
     Args:
-        name: ``synthetic`` (CIFAR-10-shaped) or ``synthetic:<preset>`` (see :data:`SYNTHETIC_LIKE`).
-        options: Fields that override the preset (``data.synthetic``).
+        like: The dataset whose shape, classes, task and (smaller) sizes it mimics, one of
+            :data:`SYNTHETIC_LIKE` (cifar10, cifar100, mnist, fashion_mnist, digits, tiny_imagenet, flair),
+            e.g. ``cifar100`` runs a CIFAR-100 config anywhere; None: CIFAR-10-shaped.
+        shape: Input shape ``[C, H, W]``.
+        num_classes: Classes (labels of a multilabel task).
+        multilabel: Multi-hot targets (each label on with probability ``1/L``, plus one drawn uniformly).
+        train_size: Training samples.
+        test_size: Test samples.
+        noise: Std of the class-independent part relative to the class patterns; larger is harder.
+            At the default 2, a linear classifier trained for 3 epochs reaches about 95% test accuracy
+            on 10 classes (3k training samples) and about 70% on 100 (10k).
+        seed: Seed of the generated data (the partition has its own, ``data.seed``).
 
     Raises:
-        ConfigError: For an unknown preset or an invalid option (the message names the field).
+        ConfigError: For an unknown preset or an argument out of range (the line names the field).
     """
+
+    registry_name = "synthetic"
+    reads_files = False
+    former_options = ("synthetic", "SyntheticData")
+
+    def __init__(
+        self,
+        like: str | None = None,
+        shape: tuple[int, ...] | None = None,
+        num_classes: int | None = None,
+        multilabel: bool | None = None,
+        train_size: int | None = None,
+        test_size: int | None = None,
+        noise: float = 2.0,
+        seed: int = 0,
+    ) -> None:
+        if like is not None and like not in SYNTHETIC_LIKE:
+            raise ConfigError(
+                f"data.dataset.like={like!r} is not a synthetic preset; use one of "
+                f"{', '.join(SYNTHETIC_LIKE)} "
+                "(or null: CIFAR-10-shaped)"
+            )
+        self.like = like
+        self.shape = None if shape is None else tuple(shape)
+        self.num_classes = num_classes
+        self.multilabel = multilabel
+        self.train_size = train_size
+        self.test_size = test_size
+        self.noise = noise
+        self.seed = seed
+        self.resolved()  # check the arguments now (config time), not at the first load
+
+    @property
+    def key(self) -> str:
+        return SYNTHETIC if self.like is None else f"{SYNTHETIC}:{self.like}"
+
+    def fingerprint(self) -> dict[str, str]:
+        """As before datasets were classes: ``data.dataset`` is ``synthetic[:<like>]`` and
+        ``data.synthetic`` the other arguments."""
+        args = ", ".join(f"{k}={v!r}" for k, v in self.args().items() if k != "like")
+        return {"data.dataset": self.key, "data.synthetic": f"SyntheticData({args})"}
+
+    def resolved(self) -> tuple[tuple[int, int, int], int, bool, int, int]:
+        """``(shape, num_classes, multilabel, train_size, test_size)``: the arguments over the preset."""
+        shape, classes, multilabel, train_size, test_size = SYNTHETIC_LIKE[self.like or "cifar10"]
+        shape = self.shape if self.shape is not None else shape
+        classes = self.num_classes if self.num_classes is not None else classes
+        multilabel = self.multilabel if self.multilabel is not None else multilabel
+        train_size = self.train_size if self.train_size is not None else train_size
+        test_size = self.test_size if self.test_size is not None else test_size
+        if len(shape) != 3 or min(shape) < 1:
+            raise ConfigError(f"data.dataset.shape={list(shape)} must be [C, H, W] with positive sizes")
+        if classes < 2:
+            raise ConfigError(f"data.dataset.num_classes={classes} must be >= 2")
+        if train_size < 1 or test_size < 1:
+            raise ConfigError(
+                f"data.dataset.train_size={train_size} and test_size={test_size} must both be >= 1"
+            )
+        if self.noise < 0:
+            raise ConfigError(f"data.dataset.noise={self.noise} must be >= 0")
+        c, h, w = (int(v) for v in shape)
+        return (c, h, w), int(classes), bool(multilabel), int(train_size), int(test_size)
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return synthetic_dataset(self)
+
+
+def is_synthetic(dataset: DatasetSource | str) -> bool:
+    """Whether ``dataset`` is the generated :class:`Synthetic` data (or its former name ``synthetic`` or
+    ``synthetic:<like>``)."""
+    if isinstance(dataset, DatasetSource):
+        return isinstance(dataset, Synthetic)
+    return dataset == SYNTHETIC or str(dataset).startswith(SYNTHETIC + ":")
+
+
+def synthetic_dataset(dataset: Synthetic | str | None = None) -> DatasetSplits:
+    """The splits of a :class:`Synthetic` dataset (or of its former name, ``synthetic:<like>``)."""
     from fl_lightning.functional.tensor import derive_seed
 
-    opts = options or SyntheticData()
-    like = name.split(":", 1)[1] if ":" in name else "cifar10"
-    if like not in SYNTHETIC_LIKE:
-        raise ConfigError(
-            f"data.dataset={name!r}: unknown synthetic preset {like!r}; use synthetic or synthetic:<name> "
-            f"with <name> one of {', '.join(SYNTHETIC_LIKE)}"
-        )
-    shape, classes, multilabel, train_size, test_size = SYNTHETIC_LIKE[like]
-    shape = tuple(opts.shape) if opts.shape is not None else shape
-    classes = opts.num_classes if opts.num_classes is not None else classes
-    multilabel = opts.multilabel if opts.multilabel is not None else multilabel
-    train_size = opts.train_size if opts.train_size is not None else train_size
-    test_size = opts.test_size if opts.test_size is not None else test_size
-    if len(shape) != 3 or min(shape) < 1:
-        raise ConfigError(f"data.synthetic.shape={list(shape)} must be [C, H, W] with positive sizes")
-    if classes < 2:
-        raise ConfigError(f"data.synthetic.num_classes={classes} must be >= 2")
-    if train_size < 1 or test_size < 1:
-        raise ConfigError(
-            f"data.synthetic.train_size={train_size} and test_size={test_size} must both be >= 1"
-        )
-    if opts.noise < 0:
-        raise ConfigError(f"data.synthetic.noise={opts.noise} must be >= 0")
-    c, h, w = (int(s) for s in shape)
+    opts = get_dataset(dataset or SYNTHETIC)
+    assert isinstance(opts, Synthetic)
+    (c, h, w), classes, multilabel, train_size, test_size = opts.resolved()
     basis = _smooth_basis(h, w)
     g = torch.Generator().manual_seed(derive_seed(opts.seed, 0))
     patterns = torch.randn(classes, c, basis.shape[0], generator=g) @ basis
@@ -403,12 +583,12 @@ def synthetic_dataset(name: str = SYNTHETIC, options: SyntheticData | None = Non
     mean = train_x.mean(dim=(0, 2, 3)).double().numpy()
     std = train_x.std(dim=(0, 2, 3)).double().numpy()
     return DatasetSplits(
-        name=name,
+        name=opts.key,
         task="multilabel" if multilabel else "multiclass",
         num_classes=classes,
-        train_x=_normalise(train_x, mean, std),
+        train_x=normalise(train_x, mean, std),
         train_y=train_y,
-        test_x=_normalise(test_x, mean, std),
+        test_x=normalise(test_x, mean, std),
         test_y=test_y,
     )
 
@@ -450,9 +630,3 @@ def _synthetic_split(
         else:
             block += patterns[y[start:stop]]
     return x, y
-
-
-@register_dataset(SYNTHETIC)
-def _load_synthetic(root: Path, download: bool) -> DatasetSplits:
-    """Generated CIFAR-10-shaped data (:func:`synthetic_dataset`); ``root`` and ``download`` are ignored."""
-    return synthetic_dataset(SYNTHETIC)

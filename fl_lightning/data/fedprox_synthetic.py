@@ -19,30 +19,30 @@ test data (the generator's split; the paper's text does not state it). The draws
 (sizes, ``u``, ``B``, ``v_k`` for every device, then ``W_k``, ``b_k``, ``x`` device by device), from a
 ``numpy`` generator seeded with ``seed`` (the code is unseeded, so its exact numbers cannot be matched).
 
-``data.dataset: fedprox_synthetic`` with ``data.partition: NaturalUsers`` makes each device a client (its
-local test split: its own test data); ``--data.fedprox_synthetic.alpha=1 --data.fedprox_synthetic.beta=1``
-is Synthetic(1,1).
+``data.dataset: FedProxSynthetic`` with ``data.partition: NaturalUsers`` makes each device a client (its
+local test split: its own test data); ``--data.dataset=FedProxSynthetic --data.dataset.alpha=1
+--data.dataset.beta=1`` is Synthetic(1,1) (former spelling: ``--data.dataset=fedprox_synthetic
+--data.fedprox_synthetic.alpha=1``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fl_lightning.data.datasets import DatasetSplits, register_dataset
+from fl_lightning.data.datasets import DatasetSource, DatasetSplits
 from fl_lightning.errors import ConfigError, check_number
 
-__all__ = ["FedProxSyntheticData", "fedprox_synthetic", "generate_devices", "load_fedprox_synthetic"]
+__all__ = ["FedProxSynthetic", "fedprox_synthetic", "generate_devices"]
 
 NAME = "fedprox_synthetic"
 
 
-@dataclass(frozen=True)
-class FedProxSyntheticData:
-    """Options of the ``fedprox_synthetic`` dataset (``data.fedprox_synthetic``); defaults: Synthetic(1,1).
+class FedProxSynthetic(DatasetSource):
+    """FedProx's Synthetic(alpha, beta) (see the module); defaults: Synthetic(1,1). Generated: ``data.root``
+    and ``data.download`` are not used.
 
     Args:
         alpha: Std of the devices' model means ``u_k`` (how much local models differ), >= 0.
@@ -53,16 +53,51 @@ class FedProxSyntheticData:
         num_classes: Classes (FedProx: 10).
         train_fraction: Share of each device's samples that trains (FedProx's generator: 0.9).
         seed: Seed of the generator (the partition has its own, ``data.seed``).
+
+    Raises:
+        ConfigError: For an argument out of range (the line names it).
     """
 
-    alpha: float = 1.0
-    beta: float = 1.0
-    iid: bool = False
-    num_devices: int = 30
-    dimension: int = 60
-    num_classes: int = 10
-    train_fraction: float = 0.9
-    seed: int = 0
+    registry_name = NAME
+    brings_users = True
+    reads_files = False
+    former_options = ("fedprox_synthetic", "FedProxSyntheticData")
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        iid: bool = False,
+        num_devices: int = 30,
+        dimension: int = 60,
+        num_classes: int = 10,
+        train_fraction: float = 0.9,
+        seed: int = 0,
+    ) -> None:
+        check_number(alpha, "data.dataset.alpha", low=0, hint="FedProx: 0, 0.5 or 1")
+        check_number(beta, "data.dataset.beta", low=0, hint="FedProx: 0, 0.5 or 1")
+        check_number(
+            train_fraction, "data.dataset.train_fraction", low=0, high=1, low_open=True, high_open=True,
+            hint="FedProx's generator: 0.9",
+        )  # fmt: skip
+        for field, value, low in (
+            ("num_devices", num_devices, 1),
+            ("dimension", dimension, 1),
+            ("num_classes", num_classes, 2),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"data.dataset.{field}={value!r} must be an integer >= {low}")
+        self.alpha = alpha
+        self.beta = beta
+        self.iid = iid
+        self.num_devices = num_devices
+        self.dimension = dimension
+        self.num_classes = num_classes
+        self.train_fraction = train_fraction
+        self.seed = seed
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return fedprox_synthetic(self)
 
 
 def generate_devices(
@@ -99,26 +134,9 @@ def generate_devices(
     return xs, ys
 
 
-def fedprox_synthetic(options: FedProxSyntheticData | None = None) -> DatasetSplits:
-    """Synthetic(alpha, beta) (or the IID variant) with each device's own train/test split.
-
-    Raises:
-        ConfigError: For an option out of range (the line names it).
-    """
-    o = options or FedProxSyntheticData()
-    check_number(o.alpha, "data.fedprox_synthetic.alpha", low=0, hint="FedProx: 0, 0.5 or 1")
-    check_number(o.beta, "data.fedprox_synthetic.beta", low=0, hint="FedProx: 0, 0.5 or 1")
-    check_number(
-        o.train_fraction, "data.fedprox_synthetic.train_fraction", low=0, high=1, low_open=True,
-        high_open=True, hint="FedProx's generator: 0.9",
-    )  # fmt: skip
-    for field, value, low in (
-        ("num_devices", o.num_devices, 1),
-        ("dimension", o.dimension, 1),
-        ("num_classes", o.num_classes, 2),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"data.fedprox_synthetic.{field}={value!r} must be an integer >= {low}")
+def fedprox_synthetic(options: FedProxSynthetic | None = None) -> DatasetSplits:
+    """Synthetic(alpha, beta) (or the IID variant) with each device's own train/test split."""
+    o = options or FedProxSynthetic()
     rng = np.random.default_rng(o.seed)
     xs, ys = generate_devices(o.alpha, o.beta, o.iid, rng, o.num_devices, o.dimension, o.num_classes)
     parts: dict[str, list[np.ndarray]] = {
@@ -147,11 +165,3 @@ def fedprox_synthetic(options: FedProxSyntheticData | None = None) -> DatasetSpl
         train_users=cat["tr_u"],
         test_users=cat["te_u"],
     )
-
-
-@register_dataset(NAME)
-def load_fedprox_synthetic(
-    root: Path, download: bool, options: FedProxSyntheticData | None = None
-) -> DatasetSplits:
-    """FedProx's Synthetic(alpha, beta) (``data.fedprox_synthetic``); ``root`` and ``download`` are unused."""
-    return fedprox_synthetic(options)

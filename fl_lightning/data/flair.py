@@ -27,29 +27,34 @@ more users); the federation's clients are then sampled per round with ``model.cl
 (FedCOG: 200 clients, 10 per round). The loader tells each training image's user
 (:class:`~fl_lightning.data.datasets.DatasetSplits` ``train_users``); configs that give the partitioner
 the file itself (``NaturalUsers(path)``, the same as ``data.root``) read the users' image counts from it.
-:class:`~fl_lightning.data.partition.NaturalUsers` is defined in ``partition.py`` and re-exported here.
 
 ``h5py`` is an optional dependency (``pip install fl_lightning[flair]``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning_utilities.core.imports import RequirementCache
 
-from fl_lightning.data.datasets import DatasetSplits, _channel_stats_uint8, _normalise, register_dataset
-from fl_lightning.data.partition import NaturalUsers, dirichlet_partition, iid_partition
+from fl_lightning.data.datasets import DatasetSource, DatasetSplits, channel_stats_uint8, normalise
+from fl_lightning.data.flair_file import (
+    DEFAULT_FILE,
+    REMAKE,
+    flair_file,
+    h5py_module,
+    open_flair,
+    split_group,
+    user_arrays,
+    user_sizes,
+)
+from fl_lightning.data.partition import dirichlet_partition, iid_partition
 from fl_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -74,38 +79,8 @@ FLAIR_LABELS: tuple[str, ...] = (
     "religion",
     "structure",
 )
-#: File looked up under ``data.root`` when it is a folder (the name used in ``apple/ml-flair``'s README).
-DEFAULT_FILE = "flair_federated.hdf5"
 SPLITS = ("train", "val", "test")
 _DELIMITER = "|"
-_H5PY = RequirementCache("h5py")
-
-
-def _h5py() -> ModuleType:
-    if not _H5PY:
-        raise ConfigError(
-            f"data.dataset='flair' needs h5py ({_H5PY}); install it with `pip install h5py` "
-            "or `pip install fl_lightning[flair]`"
-        )
-    import h5py
-
-    return h5py
-
-
-def flair_file(root: str | Path) -> Path:
-    """The FLAIR HDF5 file: ``root`` itself if it is a file, else ``root/flair_federated.hdf5``.
-
-    Raises:
-        ConfigError: If neither exists.
-    """
-    root = Path(root).expanduser()
-    path = root if root.is_file() else root / DEFAULT_FILE
-    if not path.is_file():
-        raise ConfigError(
-            f"data.root='{root}' holds no FLAIR HDF5 file (looked for {path}); point data.root at the file "
-            "written by apple/ml-flair's prepare_dataset.py or by recipes/fedcog/prepare_flair.py"
-        )
-    return path
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -127,63 +102,6 @@ def encode_labels(strings: Sequence[bytes | str], names: Sequence[str] = FLAIR_L
                 )
             out[row, index[name]] = 1
     return out
-
-
-_REMAKE = "re-create it with recipes/fedcog/prepare_flair.py or apple/ml-flair's prepare_dataset.py"
-
-
-@contextlib.contextmanager
-def _open(path: str | Path, field: str = "data.root") -> Iterator[Any]:
-    """Open a FLAIR file for reading; a missing, truncated, non-HDF5 or unreadable file is a ConfigError."""
-    h5py = _h5py()
-    try:
-        with h5py.File(path, "r") as h5:
-            yield h5
-    except OSError as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"{field}: cannot read the FLAIR file {path} as HDF5 ({msg}); {_REMAKE}") from None
-
-
-def _user_datasets(
-    h5: Any, path: str | Path, split: str, user: str, field: str = "data.root"
-) -> tuple[Any, Any]:
-    """The ``images`` and ``labels`` datasets of one user, checked against the release layout."""
-    h5py = _h5py()
-    where = f"{field}: the FLAIR file {path}: /{split}/{user}"
-    node = h5[split][user]
-    if not isinstance(node, h5py.Group):
-        raise ConfigError(f"{where} is not a group with 'images' and 'labels'; {_REMAKE}")
-    for name in ("images", "labels"):
-        if not isinstance(node.get(name), h5py.Dataset):
-            raise ConfigError(f"{where} has no '{name}' dataset; {_REMAKE}")
-    images, labels = node["images"], node["labels"]
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
-        raise ConfigError(
-            f"{where}/images is {images.dtype} {list(images.shape)}, expected uint8 [n, H, W, 3]; {_REMAKE}"
-        )
-    if labels.dtype.kind not in "SOU" or labels.shape != (images.shape[0],):
-        raise ConfigError(
-            f"{where}/labels is {labels.dtype} {list(labels.shape)}, expected {images.shape[0]} label "
-            f"strings (one per image); {_REMAKE}"
-        )
-    return images, labels
-
-
-def _split(h5: Any, path: str | Path, split: str, field: str = "data.root") -> Any:
-    if split not in h5:
-        raise ConfigError(f"{field}: the FLAIR file {path} has no '{split}' split (found {sorted(h5)})")
-    return h5[split]
-
-
-def user_sizes(path: str | Path, split: str, field: str = "data.root") -> list[tuple[str, int]]:
-    """``(user_id, number of images)`` of every user of ``split``, sorted by user id.
-
-    Raises:
-        ConfigError: If the file cannot be read or does not have the release layout (naming ``field``).
-    """
-    with _open(path, field) as h5:
-        group = _split(h5, path, split, field)
-        return [(u, int(_user_datasets(h5, path, split, u, field)[0].shape[0])) for u in sorted(group.keys())]
 
 
 @dataclass
@@ -210,18 +128,18 @@ def read_split(path: str | Path, split: str, users: Sequence[str] | None = None)
         ConfigError: If the file cannot be read, lacks the split, or a user's data does not have the
             release layout (``images`` uint8 ``[n, H, W, 3]`` of one size, ``n`` label strings).
     """
-    with _open(path) as h5:
-        group = _split(h5, path, split)
+    with open_flair(path) as h5:
+        group = split_group(h5, path, split)
         users = sorted(group.keys()) if users is None else list(users)
         images, labels, owner = [], [], []
         for i, user in enumerate(users):
             if user not in group:
                 raise ConfigError(f"data.root: the FLAIR file {path} has no user '{user}' in '{split}'")
-            x, y = _user_datasets(h5, path, split, user)
+            x, y = user_arrays(h5, path, split, user)
             if images and x.shape[1:] != images[0].shape[1:]:
                 raise ConfigError(
                     f"data.root: the FLAIR file {path}: /{split}/{user}/images are {list(x.shape[1:])} but "
-                    f"earlier users' are {list(images[0].shape[1:])}; images must have one size; {_REMAKE}"
+                    f"earlier users' are {list(images[0].shape[1:])}; images must have one size; {REMAKE}"
                 )
             images.append(np.asarray(x[()], dtype=np.uint8))
             labels.append(encode_labels(y[()]))
@@ -237,19 +155,28 @@ def _to_normalised(images: np.ndarray, mean: np.ndarray, std: np.ndarray, chunk:
     out = torch.empty((n, c, h, w), dtype=torch.float32)
     for start in range(0, n, chunk):
         block = torch.from_numpy(np.ascontiguousarray(images[start : start + chunk])).permute(0, 3, 1, 2)
-        out[start : start + chunk] = _normalise(block.to(torch.float32).div_(255.0), mean, std)
+        out[start : start + chunk] = normalise(block.to(torch.float32).div_(255.0), mean, std)
     return out
 
 
-@register_dataset("flair")
-def load_flair(root: Path, download: bool) -> DatasetSplits:
+class Flair(DatasetSource):
     """FLAIR's train and test splits, 17 coarse labels (multilabel), from a file of the release layout.
 
-    Loads every training user's images (the client partition is the partitioner's job: use
-    :class:`NaturalUsers` for one client per user) and the whole test split, normalised per channel with
-    the training images' mean and standard deviation. ``download`` is not supported (the release is
-    downloaded and converted with ``apple/ml-flair``'s scripts).
+    Loads every training user's images (``data.root``: the file or its folder; the client partition is the
+    partitioner's job: ``NaturalUsers`` for one client per user) and the whole test split (other users),
+    normalised per channel with the training images' mean and standard deviation. ``data.download`` is not
+    supported (the release is downloaded and converted with ``apple/ml-flair``'s scripts).
     """
+
+    registry_name = "flair"
+    brings_users = True
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return load_flair(root, download)
+
+
+def load_flair(root: Path, download: bool) -> DatasetSplits:
+    """The splits of :class:`Flair` from ``root`` (the file or its folder)."""
     if download:
         raise ConfigError(
             "data.download=true is not supported for data.dataset='flair'; download and convert it with "
@@ -265,7 +192,7 @@ def load_flair(root: Path, download: bool) -> DatasetSplits:
         path,
         floats / 1e9,
     )
-    mean, std = _channel_stats_uint8(train.images, channel_axis=3)
+    mean, std = channel_stats_uint8(train.images, channel_axis=3)
     return DatasetSplits(
         name="flair",
         task="multilabel",
@@ -289,7 +216,7 @@ def write_flair(path: str | Path, splits: Mapping[str, Mapping[str, UserData]]) 
     Label strings are ``|``-joined coarse label names. ``fine_grained_labels`` are written empty and
     ``image_ids`` as ``<user>_<i>``; ``/metadata/label_counter`` counts the coarse labels.
     """
-    h5py = _h5py()
+    h5py = h5py_module()
     counter: dict[str, int] = {}
     with h5py.File(path, "w") as h5:
         for split, users in splits.items():
@@ -332,11 +259,11 @@ def prepare_flair_cache(
     subsampled to about ``max_test_images`` images (whole users, drawn at random); images are resized
     to ``image_size`` if given. Returns the numbers of users and images written per split.
     """
-    _h5py()  # a ConfigError before anything else if h5py is missing
+    h5py_module()  # a ConfigError before anything else if h5py is missing
     src = flair_file(src)
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, UserData]] = {"train": {}, "test": {}}
-    with _open(src, "src") as h5:
+    with open_flair(src, "src") as h5:
         for split in ("train", "test"):
             if split not in h5:
                 raise ConfigError(f"src: the FLAIR file {src} has no '{split}' split")
@@ -359,7 +286,7 @@ def prepare_flair_cache(
                 picked.sort()
                 cap = None
             for user in picked:
-                x, y = _user_datasets(h5, src, split, user, "src")
+                x, y = user_arrays(h5, src, split, user, "src")
                 images = np.asarray(x[:cap], dtype=np.uint8)
                 strings = list(y[:cap])
                 out[split][user] = (
@@ -422,8 +349,8 @@ def write_digits_as_flair(
 __all__ = [
     "DEFAULT_FILE",
     "FLAIR_LABELS",
+    "Flair",
     "FlairPart",
-    "NaturalUsers",
     "encode_labels",
     "flair_file",
     "load_flair",

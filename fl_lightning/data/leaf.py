@@ -5,12 +5,17 @@
 
     {"users": [u, ...], "num_samples": [n, ...], "user_data": {u: {"x": [...], "y": [...]}, ...}}
 
-Each user is one of the dataset's own users (``data.partition: NaturalUsers``: one client per user). With
-LEAF's by-sample split (``-t sample``, the default) every user has train and test data, and a client's local
-test split is its user's test data; with the by-user split (``-t user``) the test users are others, the test
-set is only the global one, and ``data.local_test_fraction`` carves local test splits as usual.
+``data.dataset: Leaf`` (former spelling: ``leaf`` with ``data.leaf.*``). Each user is one of the dataset's own
+users (``data.partition: NaturalUsers``: one client per user). With LEAF's by-sample split (``-t sample``,
+the default) every user has train and test data, and a client's local test split is its user's test data;
+with the by-user split (``-t user``) the test users are others, the test set is only the global one, and
+``data.local_test_fraction`` carves local test splits as usual (one line says so). Nothing is decided
+silently in between: a training user without test data is left out of client evaluation (``personal/*``,
+``z_client/*``), never scored on its training data, and a user present only in the test files keeps its
+samples in the global test set while the other users keep their own test data; the run says how many of
+each in one line.
 
-Which dataset the files hold is told by their samples (or ``data.leaf.name``):
+Which dataset the files hold is told by their samples (or ``data.dataset.name``):
 
 =============  ===========================================  ======================================  =======
 name           ``x`` in the JSON                            tensor here                             classes
@@ -30,7 +35,7 @@ the padding share the id ``vocab_size`` (as in LEAF, where both are ``len(word2i
 reads such ids as a bag of words (multinomial logistic regression on word counts), ``CharLSTM`` embeds them.
 
 **CelebA's images** are read from LEAF's raw image folder, ``<data.root>/raw/img_align_celeba/`` (or
-``data.leaf.image_root``), and resized to 84x84 RGB as LEAF's CNN does.
+``data.dataset.image_root``), and resized to 84x84 RGB as LEAF's CNN does.
 """
 
 from __future__ import annotations
@@ -46,17 +51,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fl_lightning.data.datasets import DatasetSplits, _normalise, _uint8_to_normalised, register_dataset
+from fl_lightning.data.datasets import DatasetSource, DatasetSplits, normalise, uint8_to_normalised
 from fl_lightning.data.text import LEAF_LETTERS, OOV, encode
 from fl_lightning.errors import ConfigError
 
 __all__ = [
     "KINDS",
-    "LeafData",
+    "Leaf",
     "LeafSplit",
     "guess_kind",
     "leaf_splits",
-    "load_leaf",
     "read_leaf_folder",
     "sent140_tokens",
     "split_line",
@@ -70,9 +74,10 @@ _WORDS = re.compile(r"[\w']+|[.,!?;]")
 _REMAKE = "re-create it with LEAF's preprocess.sh"
 
 
-@dataclass(frozen=True)
-class LeafData:
-    """Options of the ``leaf`` dataset (``data.leaf``).
+class Leaf(DatasetSource):
+    """LEAF's federated datasets from the JSON files of its preprocessing in ``data.root`` (see the module).
+
+    ``data.download`` is not supported: LEAF's ``preprocess.sh`` downloads and converts the data.
 
     Args:
         name: Which LEAF dataset the files hold; None: told by the samples.
@@ -82,11 +87,40 @@ class LeafData:
         max_words: Sent140: words per tweet (LEAF: 25).
     """
 
-    name: Literal["femnist", "shakespeare", "sent140", "celeba", "synthetic"] | None = None
-    image_root: str | None = None
-    image_size: int = 84
-    vocab_size: int = 10_000
-    max_words: int = 25
+    registry_name = NAME
+    brings_users = True
+    former_options = ("leaf", "LeafData")
+
+    def __init__(
+        self,
+        name: Literal["femnist", "shakespeare", "sent140", "celeba", "synthetic"] | None = None,
+        image_root: str | None = None,
+        image_size: int = 84,
+        vocab_size: int = 10_000,
+        max_words: int = 25,
+    ) -> None:
+        if name is not None and name not in KINDS:
+            raise ConfigError(f"data.dataset.name={name!r} must be one of {', '.join(KINDS)} (or null)")
+        for field, value in (
+            ("image_size", image_size),
+            ("vocab_size", vocab_size),
+            ("max_words", max_words),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"data.dataset.{field}={value!r} must be an integer >= 1")
+        self.name = name
+        self.image_root = image_root
+        self.image_size = image_size
+        self.vocab_size = vocab_size
+        self.max_words = max_words
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        if download:
+            raise ConfigError(
+                "data.download=true is not supported for data.dataset=Leaf; run LEAF's preprocess.sh for the "
+                "dataset, then point data.root at its data/<name>/data folder"
+            )
+        return leaf_splits(root, self)
 
 
 @dataclass
@@ -204,7 +238,7 @@ def guess_kind(x: Any) -> str:
         return "synthetic"
     raise ConfigError(
         f"data.root: a sample's x ({str(x)[:60]}) is not one of LEAF's datasets ({', '.join(KINDS)}); "
-        "set data.leaf.name"
+        "set data.dataset.name"
     )
 
 
@@ -276,13 +310,21 @@ def _images(names: list[str], folder: Path, size: int) -> np.ndarray:
             with Image.open(path) as img:
                 out[i] = np.asarray(img.convert("RGB").resize((size, size)))
         except OSError as err:
-            raise ConfigError(f"data.leaf.image_root: cannot read the CelebA image {path} ({err})") from None
+            raise ConfigError(
+                f"data.dataset.image_root: cannot read the CelebA image {path} ({err})"
+            ) from None
     return out
 
 
-def leaf_splits(root: Path, options: LeafData | None = None) -> DatasetSplits:
-    """The LEAF dataset in ``root`` (``train/`` and ``test/`` JSON files) as tensors with its users."""
-    options = options or LeafData()
+def leaf_splits(root: Path, options: Leaf | None = None) -> DatasetSplits:
+    """The LEAF dataset in ``root`` (``train/`` and ``test/`` JSON files) as tensors with its users.
+
+    Users in both splits have their own test data (``test_users``); a user only in the test files keeps its
+    samples in the global test set (its rows of ``test_users`` are -1) and a training user without test
+    samples has no rows there; each case is one warning line. When no test user is a training user (LEAF's
+    by-user split) ``test_users`` is None: the test files are the global test set only (one line).
+    """
+    options = options or Leaf()
     train_dir, test_dir = _folder(root, "train"), _folder(root, "test")
     train, test = read_leaf_folder(train_dir), read_leaf_folder(test_dir)
     if not train.y:
@@ -296,8 +338,8 @@ def leaf_splits(root: Path, options: LeafData | None = None) -> DatasetSplits:
             for s, d in ((train, train_dir), (test, test_dir))
         )
         mean, std = np.array([tr.mean()]), np.array([tr.std()])
-        train_x = _normalise(torch.from_numpy(tr), mean, std)
-        test_x = _normalise(torch.from_numpy(te), mean, std)
+        train_x = normalise(torch.from_numpy(tr), mean, std)
+        test_x = normalise(torch.from_numpy(te), mean, std)
     elif kind == "shakespeare":
         num_classes = vocab_size = len(LEAF_LETTERS)
         train_x, test_x = (_windows(part, d) for part, d in ((train, train_dir), (test, test_dir)))
@@ -318,22 +360,23 @@ def leaf_splits(root: Path, options: LeafData | None = None) -> DatasetSplits:
         )
         if not folder.is_dir():
             raise ConfigError(
-                f"data.leaf.image_root: no CelebA image folder {folder}; put LEAF's raw images there "
-                "(data/celeba/data/raw/img_align_celeba) or set data.leaf.image_root"
+                f"data.dataset.image_root: no CelebA image folder {folder}; put LEAF's raw images there "
+                "(data/celeba/data/raw/img_align_celeba) or set data.dataset.image_root"
             )
         tr, te = (_images([str(n) for n in s.x], folder, options.image_size) for s in (train, test))
-        train_x, test_x = _uint8_to_normalised(tr, te, channels_last=True)
+        train_x, test_x = uint8_to_normalised(tr, te, channels_last=True)
     elif kind == "synthetic":
         width = len(train.x[0])
         train_x = torch.from_numpy(_floats(train.x, width, train_dir, kind))
         test_x = torch.from_numpy(_floats(test.x, width, test_dir, kind))
         num_classes = 1 + max(int(float(v)) for v in [*train.y, *test.y])
     else:
-        raise ConfigError(f"data.leaf.name={kind!r} must be one of {', '.join(KINDS)}")
+        raise ConfigError(f"data.dataset.name={kind!r} must be one of {', '.join(KINDS)}")
     train_y = _labels(train.y, num_classes, train_dir, kind)
     test_y = _labels(test.y, num_classes, test_dir, kind)
     index = {u: i for i, u in enumerate(train.users)}
-    per_user = all(u in index for u in test.users)
+    owners = np.asarray([index.get(u, -1) for u in test.users], dtype=np.int64)
+    per_user = bool((owners >= 0).any())
     log.info(
         "leaf %s: %d users, %d train / %d test samples (%s test users)",
         kind,
@@ -342,6 +385,32 @@ def leaf_splits(root: Path, options: LeafData | None = None) -> DatasetSplits:
         len(test_y),
         "the same" if per_user else "other",
     )
+    test_users = owners[test.owner] if len(test.owner) else np.zeros(0, dtype=np.int64)
+    if not per_user and test.users:
+        log.warning(
+            "leaf: none of the %d test users is a training user (LEAF's by-user split): the test files are "
+            "the global test set only, and each client's local test split is data.local_test_fraction of its "
+            "training data",
+            len(test.users),
+        )
+    elif per_user:
+        only_test = [u for u, o in zip(test.users, owners) if o < 0]
+        if only_test:
+            log.warning(
+                "leaf: %d user(s) appear only in the test files (%d samples, e.g. %r): their samples stay in "
+                "the global test set and belong to no client; the other users keep their own test data",
+                len(only_test),
+                int((test_users < 0).sum()),
+                only_test[0],
+            )
+        untested = len(train.users) - len(np.unique(test_users[test_users >= 0]))
+        if untested:
+            log.warning(
+                "leaf: %d of the %d training users have no test data: they are left out of client "
+                "evaluation (personal/*, z_client/*), not scored on their training data",
+                untested,
+                len(train.users),
+            )
     return DatasetSplits(
         name=f"leaf:{kind}",
         task="multiclass",
@@ -353,21 +422,5 @@ def leaf_splits(root: Path, options: LeafData | None = None) -> DatasetSplits:
         vocab_size=vocab_size,
         users=list(train.users),
         train_users=train.owner,
-        test_users=np.asarray([index[u] for u in test.users], dtype=np.int64)[test.owner]
-        if per_user
-        else None,
+        test_users=test_users if per_user else None,
     )
-
-
-@register_dataset(NAME)
-def load_leaf(root: Path, download: bool, options: LeafData | None = None) -> DatasetSplits:
-    """LEAF's JSON files in ``data.root`` (``data/<name>/data`` of LEAF after its preprocessing).
-
-    ``data.download`` is not supported: LEAF's ``preprocess.sh`` downloads and converts the data.
-    """
-    if download:
-        raise ConfigError(
-            "data.download=true is not supported for data.dataset='leaf'; run LEAF's preprocess.sh for the "
-            "dataset, then point data.root at its data/<name>/data folder"
-        )
-    return leaf_splits(root, options)

@@ -8,7 +8,7 @@ A data folder holds one of three layouts (looked for in this order):
    ``y_test``: the node's local test split.
 2. **The idx files of (Fashion-)MNIST**: ``train-images-idx3-ubyte`` and ``train-labels-idx1-ubyte``
    (each gzip-compressed with a ``.gz`` suffix or not), and optionally ``t10k-images-idx3-ubyte`` and
-   ``t10k-labels-idx1-ubyte`` as the local test split (:func:`~fl_lightning.data.fashion_mnist.read_idx`).
+   ``t10k-labels-idx1-ubyte`` as the local test split (:mod:`fl_lightning.data.idx`).
 3. **An image-folder tree**: one subfolder per class holding its images (``.png``, ``.jpg``, ``.jpeg``,
    ``.bmp``, ``.gif``, ``.webp``; one size for all), either directly in the folder or under ``train/``
    with an optional ``test/`` tree of the same shape as the local test split. A class folder is named by
@@ -27,7 +27,6 @@ model's classes) is one :class:`~fl_lightning.errors.ConfigError` line naming th
 
 from __future__ import annotations
 
-import gzip
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fl_lightning.data.fashion_mnist import IdxError, read_idx
+from fl_lightning.data.idx import IDX_FILES, IdxError, find_idx, read_idx
 from fl_lightning.errors import ConfigError
 
 __all__ = ["IMAGE_SUFFIXES", "LAYOUTS", "NodeFiles", "read_node_files"]
@@ -49,12 +48,7 @@ LAYOUTS = (
     "an image-folder tree: <class>/<image> (or train/<class>/... with an optional test/<class>/...)",
 )
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
-_IDX = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
+_IDX = IDX_FILES
 
 
 @dataclass
@@ -154,27 +148,16 @@ def _read_npz(path: Path, normalize: tuple[float, float] | None) -> NodeFiles:
     return out
 
 
-def _idx_file(folder: Path, name: str) -> Path | None:
-    for candidate in (folder / name, folder / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def _read_idx_checked(path: Path, ndim: int) -> np.ndarray:
     try:
-        arr = read_idx(path)
-    except (IdxError, OSError, EOFError, gzip.BadGzipFile) as err:
+        return read_idx(path, ndim)
+    except (IdxError, OSError) as err:
         line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise _fail(path, f"cannot read it ({line})", "replace it with a complete idx file") from None
-    if arr.ndim != ndim:
-        what = "images [N, H, W]" if ndim == 3 else "labels [N]"
-        raise _fail(path, f"holds a {arr.ndim}-d array where {what} are expected", "replace it")
-    return arr
 
 
 def _read_idx(folder: Path, normalize: tuple[float, float] | None) -> NodeFiles:
-    paths = [_idx_file(folder, n) for n in _IDX]
+    paths = [find_idx(folder, n) for n in _IDX]
     if paths[0] is None or paths[1] is None:
         missing = _IDX[0] if paths[0] is None else _IDX[1]
         raise _fail(folder, f"{missing}(.gz) is missing", "put the training images and labels side by side")

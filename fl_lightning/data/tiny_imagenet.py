@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fl_lightning.data.datasets import DatasetSplits, _uint8_to_normalised, register_dataset
+from fl_lightning.data.datasets import DatasetSource, DatasetSplits, uint8_to_normalised
 from fl_lightning.errors import ConfigError
+
+__all__ = ["FOLDER", "TinyImageNet"]
 
 FOLDER = "tiny-imagenet-200"
 
@@ -29,9 +31,17 @@ def _read_images(files: list[Path]) -> np.ndarray:
     return np.stack([np.asarray(Image.open(f).convert("RGB"), dtype=np.uint8) for f in files])
 
 
-@register_dataset("tiny_imagenet")
-def load_tiny_imagenet(root: Path, download: bool) -> DatasetSplits:
-    """Tiny-ImageNet-200: 100k/10k 64×64 RGB images, 200 classes, from ``<root>/tiny-imagenet-200``."""
+class TinyImageNet(DatasetSource):
+    """Tiny-ImageNet-200: 100k/10k 64×64 RGB images, 200 classes, from ``<data.root>/tiny-imagenet-200``
+    (not downloaded: unzip ``tiny-imagenet-200.zip`` there)."""
+
+    registry_name = "tiny_imagenet"
+
+    def load(self, root: Path, download: bool) -> DatasetSplits:
+        return _load(root)
+
+
+def _load(root: Path) -> DatasetSplits:
     folder = Path(root) / FOLDER
     if not (folder / "wnids.txt").is_file():
         raise ConfigError(
@@ -55,7 +65,7 @@ def load_tiny_imagenet(root: Path, download: bool) -> DatasetSplits:
             test_y.append(label[fields[1]])
     if not train_files or not test_files:
         raise ConfigError(f"data.dataset='tiny_imagenet': no images under {folder}/train or {folder}/val")
-    train_x, test_x = _uint8_to_normalised(
+    train_x, test_x = uint8_to_normalised(
         _read_images(train_files), _read_images(test_files), channels_last=True
     )
     return DatasetSplits(

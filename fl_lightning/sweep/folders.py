@@ -86,7 +86,9 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _digested(config: dict[str, Any]) -> dict[str, Any]:
-    flat = flat_config(config)
+    from fl_lightning.config.legacy import upgrade_config  # (imports the data package: only when digesting)
+
+    flat = flat_config(upgrade_config(config))  # a run's config.yaml may spell its dataset the former way
     return {k: v for k, v in flat.items() if not any(k == d or k.startswith(d + ".") for d in NOT_DIGESTED)}
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from fl_lightning.api.client import ClientModule
-from fl_lightning.data.datasets import _DATASETS, DatasetSplits, register_dataset
+from fl_lightning.data.datasets import DATASETS, DatasetSplits, register_dataset
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
 
@@ -30,7 +30,7 @@ def test_multilabel_federation_logs_macro_and_micro_metrics(fit):
         module = FederatedModule(client, local_steps=3)
         trainer = fit(module, data=make_data(dataset="_multilabel_test"), rounds=3)
     finally:
-        _DATASETS.pop("_multilabel_test")
+        DATASETS.pop("_multilabel_test")
     metrics = trainer.callback_metrics
     for key in ("c_f1", "o_f1", "c_precision", "o_recall", "map_macro", "map_micro", "loss"):
         assert f"global/{key}" in metrics and f"personal/{key}" in metrics, key

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from fl_lightning.data.datasets import (
+    DATASETS,
     DatasetSplits,
-    SyntheticData,
+    Synthetic,
     list_datasets,
     load_dataset,
     register_dataset,
@@ -77,11 +78,12 @@ def test_digits_matches_sklearn_split_normalised_with_train_statistics():
 
 # ------------------------------------------------------------------------------------------- registry
 def test_registry_lists_builtin_datasets():
-    assert {"digits", "mnist", "fashion_mnist", "cifar10", "cifar100"} <= set(list_datasets())
+    assert {"Digits", "MNIST", "FashionMNIST", "CIFAR10", "CIFAR100", "FCUBE"} <= set(list_datasets())
+    assert {"digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "fcube"} <= set(DATASETS)
 
 
 def test_unknown_dataset_lists_choices():
-    with pytest.raises(ConfigError, match=r"data\.dataset='imagenet' is unknown; choose one of .*digits"):
+    with pytest.raises(ConfigError, match=r"data\.dataset='imagenet' is unknown; choose one of .*Digits"):
         load_dataset("imagenet")
 
 
@@ -92,8 +94,11 @@ def test_register_dataset_adds_a_loader(tmp_path):
         y = torch.tensor([0, 1])
         return DatasetSplits("_tiny_test", "multiclass", 2, x, y, x, y)
 
-    assert "_tiny_test" in list_datasets()
-    assert load_dataset("_tiny_test", tmp_path).input_shape == (1, 2, 2)
+    try:
+        assert "_tiny_test" in DATASETS and "TinyTest" in list_datasets()
+        assert load_dataset("_tiny_test", tmp_path).input_shape == (1, 2, 2)
+    finally:
+        DATASETS.pop("_tiny_test")
 
 
 @pytest.mark.parametrize("name", ["mnist", "cifar10", "cifar100"])
@@ -190,11 +195,11 @@ def fmnist_module(root: str | None = None):
 
 def torchvision_reference(tmp_path: Path, arrays: tuple[np.ndarray, ...]) -> DatasetSplits:
     """What torchvision's FashionMNIST (uncompressed files in its layout) gives through the old loader."""
-    from fl_lightning.data.datasets import _load_torchvision
+    from fl_lightning.data.datasets import load_torchvision
 
     ref = tmp_path / "reference"
     write_fmnist(ref / "FashionMNIST" / "raw", arrays, compress=False)
-    return _load_torchvision("fashion_mnist", "FashionMNIST", 10, ref, download=False)
+    return load_torchvision("fashion_mnist", "FashionMNIST", 10, ref, download=False)
 
 
 def assert_same_splits(a: DatasetSplits, b: DatasetSplits) -> None:
@@ -252,7 +257,7 @@ def test_fashion_mnist_downloads_only_when_no_folder_has_the_files(tmp_path, deb
     from fl_lightning.data import fashion_mnist
 
     calls = []
-    monkeypatch.setattr(fashion_mnist, "_load_torchvision", lambda *a, **k: calls.append(a) or "fetched")
+    monkeypatch.setattr(fashion_mnist, "load_torchvision", lambda *a, **k: calls.append(a) or "fetched")
     assert load_dataset("fashion_mnist", tmp_path, download=True) == "fetched"
     assert calls == [("fashion_mnist", "FashionMNIST", 10, tmp_path)]
     write_fmnist(debian, tiny_fmnist(), compress=True)
@@ -298,7 +303,7 @@ def test_fashion_mnist_files_that_do_not_belong_together_are_refused(tmp_path, d
     with pytest.raises(ConfigError, match=r"train-labels-idx1-ubyte.gz has label 10, outside 0\.\.9"):
         load_dataset("fashion_mnist", "")
     write_fmnist(debian, (train_x, train_y, test_y, test_y), compress=True)
-    with pytest.raises(ConfigError, match=r"t10k-images-idx3-ubyte.gz holds a 1-d array where 3-d images"):
+    with pytest.raises(ConfigError, match=r"t10k-images-idx3-ubyte.gz: holds a 1-d array where 3-d images"):
         load_dataset("fashion_mnist", "")
 
 
@@ -394,12 +399,12 @@ def test_cifar100_from_pickled_files(tmp_path, no_md5):
 
 
 # ----------------------------------------------------------------------------------------- synthetic
-def small(**kw) -> SyntheticData:
-    return SyntheticData(**{"train_size": 600, "test_size": 200, **kw})
+def small(like: str | None = None, **kw) -> Synthetic:
+    return Synthetic(like, **{"train_size": 600, "test_size": 200, **kw})
 
 
 def test_synthetic_is_cifar10_shaped_by_default_and_deterministic():
-    a = load_dataset("synthetic", synthetic=small())
+    a = load_dataset(small())
     assert (a.task, a.num_classes, a.input_shape) == ("multiclass", 10, (3, 32, 32))
     assert a.train_x.shape == (600, 3, 32, 32) and a.test_x.shape == (200, 3, 32, 32)
     assert a.train_x.dtype == torch.float32 and a.train_y.dtype == torch.int64
@@ -407,12 +412,12 @@ def test_synthetic_is_cifar10_shaped_by_default_and_deterministic():
     mean, std = a.train_x.mean(dim=(0, 2, 3)), a.train_x.std(dim=(0, 2, 3))
     torch.testing.assert_close(mean, torch.zeros(3), atol=1e-5, rtol=0)  # normalised as the others
     torch.testing.assert_close(std, torch.ones(3), atol=1e-4, rtol=0)
-    b = load_dataset("synthetic", synthetic=small())
+    b = load_dataset(small())
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
-    c = load_dataset("synthetic", synthetic=small(seed=1))
+    c = load_dataset(small(seed=1))
     assert not torch.equal(a.train_x, c.train_x)
     # the test set is its own stream: more training data leaves it as it was (up to normalisation)
-    d = load_dataset("synthetic", synthetic=small(train_size=700))
+    d = load_dataset(small(train_size=700))
     assert torch.equal(a.test_y, d.test_y)
     assert torch.corrcoef(torch.stack([a.test_x.flatten(), d.test_x.flatten()]))[0, 1] > 0.999
     assert load_dataset("synthetic").train_x.shape[0] == 10_000  # registered default: 10k / 2k
@@ -429,7 +434,7 @@ def test_synthetic_is_cifar10_shaped_by_default_and_deterministic():
     ],
 )
 def test_synthetic_presets_mimic_the_named_dataset(name, shape, classes, task):
-    s = load_dataset(name, synthetic=small(train_size=300, test_size=50))
+    s = load_dataset(small(name.split(":")[1], train_size=300, test_size=50))
     assert (s.input_shape, s.num_classes, s.task) == (shape, classes, task)
     if task == "multilabel":
         assert s.train_y.shape == (300, classes) and s.train_y.dtype == torch.int64
@@ -438,30 +443,30 @@ def test_synthetic_presets_mimic_the_named_dataset(name, shape, classes, task):
 
 
 def test_synthetic_options_override_the_preset():
-    s = load_dataset(
-        "synthetic:cifar100", synthetic=small(shape=(2, 5, 7), num_classes=3, multilabel=True, test_size=9)
-    )
+    s = load_dataset(small("cifar100", shape=(2, 5, 7), num_classes=3, multilabel=True, test_size=9))
     assert (s.input_shape, s.num_classes, s.task, s.test_x.shape[0]) == ((2, 5, 7), 3, "multilabel", 9)
 
 
 @pytest.mark.parametrize(
-    ("name", "options", "message"),
+    ("options", "message"),
     [
-        ("synthetic:imagenet", small(), r"data\.dataset='synthetic:imagenet': unknown synthetic preset"),
-        ("synthetic", small(shape=(3, 32)), r"data\.synthetic\.shape=\[3, 32\] must be \[C, H, W\]"),
-        ("synthetic", small(num_classes=1), r"data\.synthetic\.num_classes=1 must be >= 2"),
-        ("synthetic", small(train_size=0), r"data\.synthetic\.train_size=0 and test_size=200"),
-        ("synthetic", small(noise=-1.0), r"data\.synthetic\.noise=-1\.0 must be >= 0"),
+        ({"like": "imagenet"}, r"data\.dataset\.like='imagenet' is not a synthetic preset"),
+        ({"shape": (3, 32)}, r"data\.dataset\.shape=\[3, 32\] must be \[C, H, W\]"),
+        ({"num_classes": 1}, r"data\.dataset\.num_classes=1 must be >= 2"),
+        ({"train_size": 0}, r"data\.dataset\.train_size=0 and test_size=200"),
+        ({"noise": -1.0}, r"data\.dataset\.noise=-1\.0 must be >= 0"),
     ],
 )
-def test_synthetic_bad_options_name_the_field(name, options, message):
+def test_synthetic_bad_options_name_the_field(options, message):
     with pytest.raises(ConfigError, match=message):
-        load_dataset(name, synthetic=options)
+        small(**options)  # checked when built (config time), not at the first load
+    with pytest.raises(ConfigError, match=r"data\.dataset\.like='imagenet'"):
+        load_dataset("synthetic:imagenet")  # the former spelling of a preset
 
 
 def test_synthetic_is_learnable_but_not_separable_at_a_glance():
     """A linear classifier learns it well above chance in a few epochs, without reaching 100%."""
-    s = load_dataset("synthetic", synthetic=SyntheticData(train_size=3000, test_size=1000))
+    s = load_dataset(Synthetic(train_size=3000, test_size=1000))
     torch.manual_seed(0)
     linear = torch.nn.Linear(3 * 32 * 32, 10)
     opt = torch.optim.SGD(linear.parameters(), lr=0.01)
@@ -480,7 +485,7 @@ def test_synthetic_is_learnable_but_not_separable_at_a_glance():
             first = test_acc() if first is None else first
     assert first < 0.5  # one step does not solve it
     assert 0.6 < test_acc() < 0.99
-    noisy = load_dataset("synthetic", synthetic=SyntheticData(train_size=3000, test_size=1000, noise=20.0))
+    noisy = load_dataset(Synthetic(train_size=3000, test_size=1000, noise=20.0))
     with torch.no_grad():  # more noise: the trained classifier's accuracy drops towards chance
         assert float((linear(noisy.test_x.flatten(1)).argmax(1) == noisy.test_y).float().mean()) < 0.4
 
@@ -490,9 +495,15 @@ def test_synthetic_options_are_part_of_the_checkpoint_fingerprint():
 
     plain = FederatedDataModule().fingerprint()
     assert "data.synthetic" not in plain  # checkpoints of the other datasets are unaffected
-    a = FederatedDataModule(dataset="synthetic", synthetic=small()).fingerprint()
-    b = FederatedDataModule(dataset="synthetic", synthetic=small(seed=3)).fingerprint()
+    a = FederatedDataModule(dataset=small()).fingerprint()
+    b = FederatedDataModule(dataset=small(seed=3)).fingerprint()
     assert a["data.synthetic"] != b["data.synthetic"]
+    # stated as checkpoints written before datasets were classes state it
+    assert a["data.dataset"] == "synthetic" and b["data.synthetic"] == (
+        "SyntheticData(shape=None, num_classes=None, multilabel=None, train_size=600, test_size=200, "
+        "noise=2.0, seed=3)"
+    )
+    assert FederatedDataModule(dataset="synthetic:digits").fingerprint()["data.dataset"] == "synthetic:digits"
 
 
 def test_natural_users_with_synthetic_data_is_a_config_error():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fl_lightning.data import FederatedDataModule, FedProxSyntheticData, NaturalUsers, load_dataset
+from fl_lightning.data import FederatedDataModule, FedProxSynthetic, NaturalUsers, load_dataset
 from fl_lightning.data.fedprox_synthetic import fedprox_synthetic, generate_devices
 from fl_lightning.errors import ConfigError
 
 
 def test_thirty_devices_of_sixty_dims_ten_classes_with_power_law_sizes():
-    splits = fedprox_synthetic(FedProxSyntheticData(alpha=1, beta=1, seed=3))
+    splits = fedprox_synthetic(FedProxSynthetic(alpha=1, beta=1, seed=3))
     assert splits.num_classes == 10 and splits.train_x.shape[1] == 60 and len(splits.users) == 30
     assert splits.users[0] == "f_00000" and splits.vocab_size is None
     sizes = np.bincount(splits.train_users, minlength=30) + np.bincount(splits.test_users, minlength=30)
@@ -66,10 +66,10 @@ def test_natural_users_one_client_per_device_with_its_own_test_data():
 
 
 def test_seeded_and_options_checked():
-    a = load_dataset("fedprox_synthetic", options=FedProxSyntheticData(alpha=0.5, beta=0.5, seed=7))
-    b = load_dataset("fedprox_synthetic", options=FedProxSyntheticData(alpha=0.5, beta=0.5, seed=7))
+    a = load_dataset(FedProxSynthetic(alpha=0.5, beta=0.5, seed=7))
+    b = load_dataset(FedProxSynthetic(alpha=0.5, beta=0.5, seed=7))
     assert a.train_x.equal(b.train_x) and a.test_y.equal(b.test_y)
-    with pytest.raises(ConfigError, match=r"^data\.fedprox_synthetic\.alpha=-1 must be >= 0"):
-        fedprox_synthetic(FedProxSyntheticData(alpha=-1))
-    with pytest.raises(ConfigError, match=r"^data\.fedprox_synthetic\.num_devices=0 must be an integer >= 1"):
-        fedprox_synthetic(FedProxSyntheticData(num_devices=0))
+    with pytest.raises(ConfigError, match=r"^data\.dataset\.alpha=-1 must be >= 0"):
+        fedprox_synthetic(FedProxSynthetic(alpha=-1))
+    with pytest.raises(ConfigError, match=r"^data\.dataset\.num_devices=0 must be an integer >= 1"):
+        fedprox_synthetic(FedProxSynthetic(num_devices=0))

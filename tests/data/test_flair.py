@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import fl_lightning.data.flair as flair
+import fl_lightning.data.flair_file as flair_file
 from fl_lightning.api.client import ClientModule
-from fl_lightning.data import FederatedDataModule, load_dataset
+from fl_lightning.data import FederatedDataModule, NaturalUsers, load_dataset
 from fl_lightning.data.flair import (
     FLAIR_LABELS,
-    NaturalUsers,
     encode_labels,
     prepare_flair_cache,
     read_split,
@@ -89,7 +88,7 @@ def test_missing_file_and_missing_h5py_are_config_errors(tmp_path, monkeypatch):
         load_dataset("flair", tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="download"):
         load_dataset("flair", tmp_path, download=True)
-    monkeypatch.setattr(flair, "_H5PY", False)
+    monkeypatch.setattr(flair_file, "_H5PY", False)
     path = write_release_file(tmp_path / "flair.hdf5")
     with pytest.raises(ConfigError, match="h5py"):
         load_dataset("flair", path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fl_lightning.data import FederatedDataModule, LeafData, NaturalUsers, load_dataset
+from fl_lightning.data import FederatedDataModule, Leaf, NaturalUsers, load_dataset
 from fl_lightning.data.leaf import guess_kind, sent140_tokens, split_line
 from fl_lightning.data.text import LEAF_LETTERS, OOV
 from fl_lightning.errors import ConfigError
@@ -87,7 +87,7 @@ def test_sent140_tokens_bag_of_words_vocabulary(tmp_path):
         {"u1": ([tweet, [*tweet[:4], "sad sad day"]], [1, 0]), "u2": ([[*tweet[:4], "happy"]], [1])},
         {"u1": ([[*tweet[:4], "happy day"]], [1]), "u2": ([[*tweet[:4], "sad"]], [0])},
     )
-    splits = load_dataset("leaf", root, options=LeafData(vocab_size=4, max_words=5))
+    splits = load_dataset(Leaf(vocab_size=4, max_words=5), root)
     assert splits.name == "leaf:sent140" and splits.num_classes == 2 and splits.vocab_size == 5
     assert splits.train_x.shape == (3, 5) and splits.train_x.dtype == torch.int64
     assert splits.train_x.max().item() == 4  # unknown words and padding
@@ -103,12 +103,12 @@ def test_celeba_reads_leafs_raw_images(tmp_path):
         {"c1": (["000000.jpg", "000001.jpg"], [0.0, 1.0])},
         {"c1": (["000002.jpg", "000003.jpg"], [1, 0])},
     )
-    splits = load_dataset("leaf", root, options=LeafData(image_size=8))
+    splits = load_dataset(Leaf(image_size=8), root)
     assert splits.name == "leaf:celeba" and splits.num_classes == 2
     assert splits.train_x.shape == (2, 3, 8, 8) and splits.test_y.tolist() == [1, 0]
     missing = write_leaf(tmp_path / "other", {"c1": (["0.jpg"], [1])}, {"c1": (["1.jpg"], [0])})
     with pytest.raises(
-        ConfigError, match=r"^data\.leaf\.image_root: no CelebA image folder .*img_align_celeba"
+        ConfigError, match=r"^data\.dataset\.image_root: no CelebA image folder .*img_align_celeba"
     ):
         load_dataset("leaf", missing)
 
@@ -136,7 +136,7 @@ def test_guess_kind():
     assert guess_kind("x" * 80) == "shakespeare"
     assert guess_kind("000001.jpg") == "celeba"
     assert guess_kind(["1", "d", "q", "u", "t"]) == "sent140"
-    with pytest.raises(ConfigError, match="set data.leaf.name"):
+    with pytest.raises(ConfigError, match="set data.dataset.name"):
         guess_kind({"a": 1})
 
 
@@ -176,9 +176,70 @@ def test_a_malformed_file_names_its_path_and_key(tmp_path, content, says):
     root = write_leaf(tmp_path, {"u": femnist_user(2, rng, 1)}, {"u": femnist_user(1, rng, 1)})
     bad = next((root / "test").glob("*.json"))
     bad.write_text(content)
-    msg = _one_line(lambda: load_dataset("leaf", root, options=LeafData(name="synthetic")))
+    msg = _one_line(lambda: load_dataset(Leaf(name="synthetic"), root))
     assert msg.startswith(f"data.root: {bad}") and re.search(says, msg), msg
 
 
 def test_download_is_refused(tmp_path):
     assert "data.download=true is not supported" in _one_line(lambda: load_dataset("leaf", tmp_path, True))
+
+
+# ------------------------------------------------------------------------------------------ nothing silent
+def test_a_user_without_test_data_is_left_out_of_client_evaluation_with_one_line(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    root = write_leaf(
+        tmp_path,
+        {"f0": femnist_user(5, rng, 3), "f1": femnist_user(4, rng, 7), "f2": femnist_user(3, rng, 0)},
+        {"f0": femnist_user(2, rng, 3), "f2": femnist_user(1, rng, 0)},  # f1 has no test data
+    )
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        dm = FederatedDataModule("leaf", str(root), partition=NaturalUsers())
+        dm.setup()
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert notices == [
+        "leaf: 1 of the 3 training users have no test data: they are left out of client evaluation "
+        "(personal/*, z_client/*), not scored on their training data"
+    ]
+    assert dm.splits.test_users is not None  # the others keep their own test data
+    f1 = dm.clients[dm.splits.users.index("f1")]
+    assert not f1.evaluable and f1.test_idx.numel() == 0 and list(f1.eval_batches(100)) == []
+    assert dm.eval_clients == [c.client_id for c in dm.clients if c is not f1]
+    f0 = dm.clients[dm.splits.users.index("f0")]
+    assert f0.evaluable and sum(len(y) for _, y in f0.eval_batches(100)) == 2
+
+
+def test_a_user_only_in_the_test_files_stays_in_the_global_test_set_with_one_line(tmp_path, caplog):
+    rng = np.random.default_rng(1)
+    root = write_leaf(
+        tmp_path,
+        {"f0": femnist_user(5, rng, 3), "f1": femnist_user(4, rng, 7)},
+        {"f0": femnist_user(2, rng, 3), "f1": femnist_user(1, rng, 7), "x9": femnist_user(3, rng, 1)},
+    )
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        dm = FederatedDataModule("leaf", str(root), partition=NaturalUsers())
+        dm.setup()
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(notices) == 1 and notices[0].startswith(
+        "leaf: 1 user(s) appear only in the test files (3 samples, e.g. 'x9'): their samples stay in the "
+        "global test set and belong to no client"
+    )
+    # not the by-user mode: every client's local test split is still its user's own test data
+    assert dm.splits.test_users.tolist() == [0, 0, 1, -1, -1, -1]
+    assert [c.test_idx.tolist() for c in dm.clients] == [[0, 1], [2]]
+    assert all(c.test_x is dm.splits.test_x for c in dm.clients)
+    assert [c.num_samples for c in dm.clients] == [5, 4]  # no training data lost to a local split
+    assert len(dm.splits.test_y) == 6  # the test-only user's samples are in the global test set
+
+
+def test_leafs_by_user_split_says_where_the_local_test_splits_come_from(tmp_path, caplog):
+    rng = np.random.default_rng(2)
+    root = write_leaf(tmp_path, {"f0": femnist_user(4, rng, 3)}, {"t0": femnist_user(2, rng, 3)})
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        splits = load_dataset("leaf", root)
+    assert splits.test_users is None
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert notices == [
+        "leaf: none of the 1 test users is a training user (LEAF's by-user split): the test files are the "
+        "global test set only, and each client's local test split is data.local_test_fraction of its "
+        "training data"
+    ]

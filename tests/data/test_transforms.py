@@ -23,7 +23,7 @@ from fl_lightning.data import (
     LabelPermutation,
     NaturalUsers,
     Rotation,
-    ShakespeareData,
+    Shakespeare,
     list_transforms,
 )
 from fl_lightning.data.transforms import distinct_permutations, flip_labels, noise_std, rotate
@@ -98,10 +98,8 @@ def test_noise_on_token_inputs_is_a_one_line_error(tmp_path):
     play.parent.mkdir(parents=True)
     lines = "\n".join(f"Line {i} of a speech that goes on." for i in range(12))
     play.write_text(f"# Tiny\n\n**ANNA**  \n{lines}\n\n**BEN**  \n{lines}\n")
-    options = ShakespeareData(root=str(tmp_path / "plays"), seq_len=10)
-    dm = FederatedDataModule(
-        "shakespeare", partition=NaturalUsers(), shakespeare=options, client_transform=GaussianNoise(0.1)
-    )
+    options = Shakespeare(root=str(tmp_path / "plays"), seq_len=10)
+    dm = FederatedDataModule(options, partition=NaturalUsers(), client_transform=GaussianNoise(0.1))
     with pytest.raises(ConfigError, match=r"^data\.client_transform=GaussianNoise needs float inputs"):
         dm.setup()
 

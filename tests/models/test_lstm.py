@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from fl_lightning.api.client import ClientModule
-from fl_lightning.data import FederatedDataModule, NaturalUsers, ShakespeareData
+from fl_lightning.data import FederatedDataModule, NaturalUsers, Shakespeare
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import CharLSTM, create_model, list_models, size_to_data
@@ -70,10 +70,8 @@ def tiny_text(tmp_path) -> FederatedDataModule:
     play.write_text(
         "# Tiny\n\n" + "\n\n".join(f"**{who}**  \n{lines}" for who in ("ANN", "BOB", "CY", "DEE"))
     )
-    options = ShakespeareData(root=str(tmp_path / "plays"), seq_len=12)
-    return FederatedDataModule(
-        "shakespeare", partition=NaturalUsers(), shakespeare=options, batch_size=16, eval_batch_size=64
-    )
+    options = Shakespeare(root=str(tmp_path / "plays"), seq_len=12)
+    return FederatedDataModule(options, partition=NaturalUsers(), batch_size=16, eval_batch_size=64)
 
 
 def _module(vectorize: int = 1) -> FederatedModule:

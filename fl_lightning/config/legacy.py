@@ -1,0 +1,180 @@
+"""The spellings of ``data.dataset`` from before datasets were classes, read as the classes.
+
+Configs, recipes, command lines and the ``config.yaml`` of earlier runs name a dataset by its registry
+name and give its options in a field of the data module named after it; both keep working:
+
+* ``data.dataset: shakespeare`` (any :attr:`~fl_lightning.data.datasets.DatasetSource.registry_name`) is
+  the class it names, ``{class_path: fl_lightning.data.shakespeare.Shakespeare}``; ``synthetic:<like>`` is
+  ``Synthetic`` with ``like: <like>``;
+  (its ``init_args`` in full, defaults included, as a new run's ``config.yaml`` writes them, so a sweep
+  finds the runs it did before);
+* the options field (``data.shakespeare``, ``data.leaf``, ``data.fedprox_synthetic``, ``data.synthetic``:
+  each class's :attr:`~fl_lightning.data.datasets.DatasetSource.former_options`) is that class's
+  ``init_args``, applied when the dataset is that class and ignored otherwise, as before; an unset one
+  (``null`` in a ``config.yaml``) is dropped.
+
+:func:`upgrade_config` rewrites a config mapping (a ``--config`` file, ``parse_object``'s dict) and
+:func:`upgrade_args` a command line (``--data.dataset=shakespeare --data.shakespeare.max_windows=500`` is
+``--data.dataset=Shakespeare --data.dataset.max_windows=500``); the parser
+(:class:`~fl_lightning.config.parser.FederatedArgumentParser`) applies both before jsonargparse reads them,
+so ``--print_config`` and a new run's ``config.yaml`` show the class form.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from fl_lightning.data.datasets import DATASETS, SYNTHETIC, DatasetSource, is_synthetic
+
+__all__ = ["former_fields", "upgrade_args", "upgrade_config", "upgrade_data"]
+
+#: The subcommands whose section of a root-level config file may hold a ``data`` section.
+_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def former_fields() -> dict[str, type[DatasetSource]]:
+    """The former options fields of the data module (``shakespeare``, ...) and the class each belongs to."""
+    return {cls.former_options[0]: cls for cls in DATASETS.values() if cls.former_options is not None}
+
+
+def _class_path(cls: type[DatasetSource]) -> str:
+    """``fl_lightning.data.<Class>`` where the package exports it (as ``--print_config`` writes it)."""
+    import fl_lightning.data
+
+    exported = getattr(fl_lightning.data, cls.__name__, None) is cls
+    return f"fl_lightning.data.{cls.__name__}" if exported else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _named(name: str) -> tuple[type[DatasetSource], dict[str, Any]] | None:
+    """The class a former name (``shakespeare``, ``synthetic:cifar100``) stands for, with its implied
+    arguments; None for anything else (a class name, an unknown name: left to the parser and the module)."""
+    if is_synthetic(name):
+        like = name.split(":", 1)[1] if ":" in name else None
+        return DATASETS[SYNTHETIC], ({} if like is None else {"like": like})
+    cls = DATASETS.get(name)
+    return None if cls is None else (cls, {})
+
+
+def _defaults(cls: type[DatasetSource]) -> dict[str, Any]:
+    """The class's constructor defaults: the ``init_args`` a new run's ``config.yaml`` writes out in full."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def _class_of(spec: dict[str, Any]) -> type[DatasetSource] | None:
+    short = str(spec.get("class_path", "")).rsplit(".", 1)[-1]
+    return next((c for c in DATASETS.values() if c.__name__ == short), None)
+
+
+def upgrade_data(data: dict[str, Any]) -> dict[str, Any]:
+    """A config's ``data`` section with the former spellings as the class form (see the module)."""
+    fields = former_fields()
+    if not any(f in data for f in fields) and not (isinstance(data.get("dataset"), str)):
+        return data
+    data = dict(data)
+    former = {f: data.pop(f) for f in list(fields) if f in data}
+    spec = data.get("dataset")
+    if isinstance(spec, str):
+        named = _named(spec)
+        if named is not None:
+            cls, init_args = named
+            options = former.get(cls.former_options[0]) if cls.former_options else None
+            init_args = {**_defaults(cls), **init_args, **(options if isinstance(options, dict) else {})}
+            data["dataset"] = {
+                "class_path": _class_path(cls),
+                **({"init_args": init_args} if init_args else {}),
+            }
+    elif isinstance(spec, dict):
+        cls = _class_of(spec)
+        options = former.get(cls.former_options[0]) if cls is not None and cls.former_options else None
+        if isinstance(options, dict) and options:
+            data["dataset"] = {**spec, "init_args": {**(spec.get("init_args") or {}), **options}}
+    else:  # the dataset is chosen elsewhere (an earlier file): the options apply to it
+        given = [v for v in former.values() if isinstance(v, dict) and v]
+        if len(given) == 1:
+            data["dataset"] = {"init_args": dict(given[0])}
+    return data
+
+
+def upgrade_config(config: Any) -> Any:
+    """A config mapping (a ``--config`` file's content) with its ``data`` sections upgraded."""
+    if not isinstance(config, dict):
+        return config
+    out = dict(config)
+    if isinstance(out.get("data"), dict):
+        out["data"] = upgrade_data(out["data"])
+    for sub in _SUBCOMMANDS:
+        if isinstance(out.get(sub), dict) and isinstance(out[sub].get("data"), dict):
+            out[sub] = {**out[sub], "data": upgrade_data(out[sub]["data"])}
+    return out
+
+
+def _split_option(args: list[str], i: int) -> tuple[str, str | None, int]:
+    """``(key, value, tokens used)`` of the option at ``args[i]`` (``--k=v`` or ``--k v``)."""
+    token = args[i]
+    if "=" in token:
+        key, value = token[2:].split("=", 1)
+        return key, value, 1
+    if i + 1 < len(args) and not args[i + 1].startswith("--"):
+        return token[2:], args[i + 1], 2
+    return token[2:], None, 1
+
+
+def upgrade_args(args: list[str]) -> list[str]:
+    """A command line with the former spellings of ``data.dataset`` and its options as the class form.
+
+    ``--data.dataset=<former name>`` becomes ``--data.dataset=<Class>`` (``synthetic:<like>`` also gives
+    ``--data.dataset.like=<like>``); ``--data.<field>.<arg>=<v>`` becomes ``--data.dataset.<arg>=<v>``, moved
+    after the last ``--data.dataset=`` so that it applies to the dataset chosen, and dropped when the command
+    line chooses another dataset (those options were ignored then); ``--data.<field>=null`` is dropped.
+    """
+    fields = former_fields()
+    if not any(str(a).startswith(("--data.dataset", *(f"--data.{f}" for f in fields))) for a in args):
+        return list(args)
+    out: list[str] = []
+    moved: list[tuple[str, str, str | None]] = []  # (former field, argument or "", value)
+    last_dataset: int | None = None  # index in ``out`` after the last dataset option
+    chosen: type[DatasetSource] | None = None  # the class the command line chooses, if it does
+    i = 0
+    while i < len(args):
+        token = str(args[i])
+        if not token.startswith("--data."):
+            out.append(token)
+            i += 1
+            continue
+        key, value, used = _split_option(args, i)
+        head, _, rest = key[len("data.") :].partition(".")
+        if key == "data.dataset" and value is not None:
+            named = _named(value)
+            if named is not None:
+                cls, implied = named
+                out.append(f"--data.dataset={cls.__name__}")
+                out += [f"--data.dataset.{k}={v}" for k, v in implied.items()]
+                chosen = cls
+            else:
+                out += [str(a) for a in args[i : i + used]]
+                short = value.rsplit(".", 1)[-1]
+                chosen = next((c for c in DATASETS.values() if c.__name__ == short), chosen)
+            last_dataset = len(out)
+        elif head in fields and (rest or value is not None):
+            moved.append((head, rest, value))
+        else:
+            out += [str(a) for a in args[i : i + used]]
+        i += used
+    extra = []
+    for field, arg, value in moved:
+        if chosen is not None and chosen is not fields[field]:
+            continue  # options of a dataset the command line does not choose: ignored, as before
+        if arg:
+            extra.append(f"--data.dataset.{arg}" + ("" if value is None else f"={value}"))
+        elif value is not None and value.strip().lower() not in ("null", "none", "{}"):
+            try:
+                options = json.loads(value)
+            except ValueError:
+                options = None
+            if isinstance(options, dict):
+                extra.append("--data.dataset=" + json.dumps({"init_args": options}))
+    at = len(out) if last_dataset is None else last_dataset
+    return out[:at] + extra + out[at:]
