@@ -99,7 +99,8 @@ def class_config(obj: Any, depth: int = 0) -> Any:
     lazy = getattr(obj, "lazy_get_init_data", None)  # a jsonargparse lazy default: the config it was given
     if lazy is not None:
         data = lazy()
-        given = {k: class_config(v, depth + 1) for k, v in vars(data.init_args).items()}
+        init_args = getattr(data, "init_args", None)  # absent for a lazy default given no arguments
+        given = {k: class_config(v, depth + 1) for k, v in vars(init_args or {}).items()} if init_args else {}
         return {"class_path": data.class_path, "init_args": given}
     cls = type(obj)
     try:
