@@ -25,6 +25,17 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from fl_lightning.callbacks.results import (
+    CLIENTS_FILE,
+    CURVES_FILE,
+    clients_table,
+    curves,
+    group_fields,
+    outcome_fields,
+    read_history,
+    write_csv,
+)
+from fl_lightning.functional.outcomes import client_spread
 from fl_lightning.runs import machine_text
 
 log = logging.getLogger("fl_lightning")
@@ -87,6 +98,8 @@ class FederatedSummary(Callback):
         self._before = 0.0  # wall time of the run's earlier starts, up to the checkpoint resumed from
         self.hparams = dict(hparams) if hparams is not None else None
         self.summary: dict[str, Any] = {}
+        #: ``curves.csv`` and ``clients.csv`` (header, rows) of the last summary, written beside it.
+        self.tables: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = time.perf_counter()
@@ -128,15 +141,37 @@ class FederatedSummary(Callback):
         self, trainer: Trainer, pl_module: LightningModule, per_client: dict, reason: str | None
     ) -> None:
         target = getattr(getattr(pl_module, "system", None), "target_accuracy", None)
-        self.summary = summarize(pl_module.history, per_client, self._elapsed(), target)
+        dm = getattr(trainer, "datamodule", None)
+        split = getattr(dm, "val_split", "test")
+        self.summary = summarize(pl_module.history, per_client, self._elapsed(), target, split=split)
         self.summary["run_wall_time_s"] = self._before + self.summary["wall_time_s"]
         self.summary["max_steps"] = trainer.max_steps
-        dm = getattr(trainer, "datamodule", None)
-        self.summary["global_split"] = getattr(dm, "val_split", "test")
+        self.summary["global_split"] = split
+        self._tables(pl_module, per_client)
         self.summary["interrupted"] = reason is not None
         self.summary["machine"] = machine_info(pl_module.device, trainer.precision)
         if reason is not None:
             self.summary["reason"] = reason
+
+    def _tables(self, pl_module: LightningModule, per_client: dict) -> None:
+        """The per-client fields of the summary and the run's ``curves.csv`` and ``clients.csv``."""
+        rows = read_history(pl_module.history)
+        metric = self.summary["metric"]
+        self.summary.update(group_fields(rows, metric))
+        self.tables: dict[str, tuple[list[str], list[dict[str, Any]]]] = {CURVES_FILE: curves(rows)}
+        engine = getattr(pl_module, "engine", None)
+        if engine is None or not engine.clients:
+            return
+        personalised = getattr(pl_module, "personalised", False)
+        global_per = getattr(pl_module, "client_eval_global", None) or {} if per_client else {}
+        personal_per = per_client if personalised else None
+        if per_client:
+            weights = pl_module.eval_weights()
+            train = getattr(pl_module, "client_eval_train", {})
+            self.summary.update(
+                outcome_fields(metric, global_per, personal_per, train, engine.unseen, weights)
+            )
+        self.tables[CLIENTS_FILE] = clients_table(pl_module, rows, metric, global_per, personal_per)
 
     @rank_zero_only
     def _report(self, trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -> None:
@@ -147,17 +182,20 @@ class FederatedSummary(Callback):
         lines = [
             title,
             f"  rounds: {s['rounds']} (this run: {s['rounds_this_run']})",
-            f"  global {name} ({s.get('global_split', 'test')} split): "
-            f"final {_pct(s.get(f'final_global_{m}'))}, "
-            f"best {_pct(s.get(f'best_global_{m}'))}"
-            f" (round {s.get('best_round')})",
+            f"  global {name} ({s.get('global_split', 'test')} split): " + _rounds_text(s, m),
         ]
-        spread = s.get(f"client_{m}")
-        if spread:
+        groups = s.get(f"group_global_{m}")
+        if groups:
             lines.append(
-                f"  per-client {name} ({spread['n']} clients): mean {_pct(spread['mean'])}, "
-                f"std {100 * spread['std']:.2f} pts, min {_pct(spread['min'])}, max {_pct(spread['max'])}"
+                f"  per group (global/{m} is their union): "
+                + ", ".join(f"group {g} {_pct(v)}" for g, v in groups.items())
             )
+        for key, what in ((f"client_global_{m}", "global model"), (f"client_personal_{m}", "personalised")):
+            spread = s.get(key)
+            if spread:
+                lines.append(f"  per-client {name}, {what} ({spread['n']} clients): " + _spread_text(spread))
+        if "unseen_clients" in s:
+            lines.append("  " + _gaps_text(s, m))
         reported = sorted(k for k in s if "/" in k)  # the strategy's scalars (privacy/epsilon, ...)
         if reported:
             lines.append("  " + ", ".join(f"{k}: {s[k]:.4g}" for k in reported))
@@ -183,7 +221,9 @@ class FederatedSummary(Callback):
             path = Path(log_dir) / "summary.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(s, indent=2))
-            lines.append(f"  written to {path}")
+            for name, (header, rows) in self.tables.items():
+                write_csv(path.parent / name, header, rows)
+            lines.append(f"  written to {path} (and {', '.join(self.tables) or 'no tables'})")
         if s.get("interrupted"):
             last = _last_checkpoint(trainer)
             if last:
@@ -338,11 +378,16 @@ def _last_checkpoint(trainer: Trainer) -> str | None:
     return None
 
 
+#: The evaluations ``last_k_mean_global_<m>`` averages (fewer when the run has fewer).
+LAST_K = 5
+
+
 def summarize(
     history: list[dict],
     per_client: dict[int, dict[str, float]],
     wall_time: float,
     target: float | None = None,
+    split: str = "test",
 ) -> dict[str, Any]:
     """The summary numbers from the per-round history and the final per-client metrics.
 
@@ -369,6 +414,14 @@ def summarize(
         out[f"final_global_{metric}"] = scores[-1][1]
         out[f"best_global_{metric}"] = best
         out["best_round"] = best_round + 1
+        kind = "val" if split == "validation" else "test"
+        out[f"best_{kind}_global_{metric}"] = best
+        out[f"best_{kind}_round"] = best_round + 1
+        if kind == "test":  # the round chosen on the numbers it reports
+            out["best_test_optimistic"] = True
+        last = [v for _, v in scores[-LAST_K:]]
+        out[f"last_k_mean_global_{metric}"] = sum(last) / len(last)
+        out["last_k"] = len(last)
     clocked = [r for r in history if "sim_time_s" in r]
     if clocked:
         out["sim_time_s"] = clocked[-1]["sim_time_s"]
@@ -383,16 +436,58 @@ def summarize(
     out.update(vectorize)  # how model.vectorize ran (vectorize/batched, vectorize/speedup, ...)
     vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
-        mean = sum(vals) / len(vals)
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
-        out[f"client_{metric}"] = {
-            "n": len(vals),
-            "mean": mean,
-            "std": std,
-            "min": min(vals),
-            "max": max(vals),
-        }
+        spread = client_spread(vals)
+        out[f"client_{metric}"] = dict(spread, n=len(vals))
     return out
+
+
+def _rounds_text(s: Mapping[str, Any], m: str) -> str:
+    """The global metric's final, best-round and last-k values, each named by the round it reports."""
+    parts = [f"final {_pct(s.get(f'final_global_{m}'))}"]
+    if f"best_val_global_{m}" in s:
+        parts.append(
+            f"best on validation {_pct(s[f'best_val_global_{m}'])} (round {s.get('best_val_round')})"
+        )
+    if f"best_test_global_{m}" in s:
+        parts.append(
+            f"best on test {_pct(s[f'best_test_global_{m}'])} (round {s.get('best_test_round')}; optimistic: "
+            "chosen on the test split)"
+        )
+    if f"last_k_mean_global_{m}" in s:
+        parts.append(f"mean of the last {s['last_k']} {_pct(s[f'last_k_mean_global_{m}'])}")
+    return ", ".join(parts)
+
+
+def _spread_text(spread: Mapping[str, Any]) -> str:
+    text = f"mean {_pct(spread['mean'])}"
+    if "weighted_mean" in spread:
+        text += f" (by samples {_pct(spread['weighted_mean'])})"
+    text += f", std {100 * spread['std']:.2f} pts, worst {_pct(spread['min'])}"
+    if "bottom10" in spread:
+        text += (
+            f", bottom 10% {_pct(spread['bottom10'])}, p10/p50/p90 {_pct(spread['p10'])}/"
+            f"{_pct(spread['p50'])}/{_pct(spread['p90'])}, top 10% {_pct(spread['top10'])}"
+        )
+    return text + f", best {_pct(spread['max'])}"
+
+
+def _gaps_text(s: Mapping[str, Any], m: str) -> str:
+    """Unseen clients and Yuan et al.'s gaps, in points (None: not known)."""
+
+    def pts(v: float | None) -> str:
+        return "n/a" if v is None else f"{100 * v:+.2f} pts"
+
+    text = (
+        f"unseen clients ({s['unseen_clients']}): global {_pct(s.get(f'unseen_global_{m}'))}; "
+        f"participation gap {pts(s.get('participation_gap'))} (participating - unseen, test data), out-of-sample gap "
+        f"{pts(s.get('out_of_sample_gap'))} (participating: train - test)"
+    )
+    if f"unseen_personal_{m}" in s:
+        text += (
+            f"; personalised: unseen {_pct(s.get(f'unseen_personal_{m}'))}, participation gap "
+            f"{pts(s.get('participation_gap_personal'))}"
+        )
+    return text
 
 
 def _pct(v: float | None) -> str:

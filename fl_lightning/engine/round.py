@@ -211,6 +211,7 @@ class Engine:
             checkpoint).
         schedule: The asynchronous schedule of an :class:`~fl_lightning.api.asynchronous.AsyncStrategy`
             (set by :meth:`setup`; None: synchronous rounds).
+        unseen: Clients held out of training (``data.unseen_clients``): never sampled (:meth:`eligible`).
     """
 
     model: ClientModule
@@ -230,6 +231,7 @@ class Engine:
     attack: tuple[str, SimulatedAttack] | None = None
     clock: float = 0.0
     schedule: Any = None
+    unseen: frozenset[int] = frozenset()
     _system: SystemModel | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------------------ setup
@@ -410,14 +412,21 @@ class Engine:
         return self._local_metrics
 
     # ------------------------------------------------------------------------------------ facts
+    def eligible(self, candidates: Any) -> list[int]:
+        """The ``candidates`` that may be sampled for training: all but the :attr:`unseen` clients (the one
+        place sampling skips them; synchronous rounds, system rounds and asynchronous dispatch call it)."""
+        return [int(c) for c in candidates if int(c) not in self.unseen]
+
     def sample(self, round: int) -> list[int]:
-        """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed (with a system
-        model: among the clients online when the round starts, :meth:`sample_online`)."""
+        """The clients of ``round``, sorted: ``strategy.select_clients`` with the run's seed among the
+        :meth:`eligible` clients, its indices mapped onto them in id order (with a system model: among those
+        online when the round starts, :meth:`sample_online`)."""
         if self._system is not None:
             return self.sample_online(round, self._system.next_online_s(self.clock))[0]
-        count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
-        chosen = self.strategy.select_clients(self.num_clients, count, round, self.config.seed)
-        return checked_selection(chosen, self.num_clients)
+        pool = self.eligible(range(self.num_clients))
+        count = num_sampled(len(pool), self.config.participation, self.config.clients_per_round)
+        chosen = self.strategy.select_clients(len(pool), count, round, self.config.seed)
+        return [pool[i] for i in checked_selection(chosen, len(pool))]
 
     def sample_online(self, round: int, start_s: float) -> tuple[list[int], int]:
         """The clients of ``round`` starting at simulated time ``start_s`` and how many were online.
@@ -427,10 +436,14 @@ class Engine:
         id order, so with every client online the draw is the one without a system model.
         """
         assert self._system is not None
-        online = self._system.online(round, start_s)
+        online = self.eligible(self._system.online(round, start_s))
         if not online:
             return [], 0
-        count = num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
+        count = num_sampled(
+            len(self.eligible(range(self.num_clients))),
+            self.config.participation,
+            self.config.clients_per_round,
+        )
         count = self._system.sample_count(count, len(online))
         chosen = self.strategy.select_clients(len(online), count, round, self.config.seed)
         return [online[i] for i in checked_selection(chosen, len(online))], len(online)
@@ -530,6 +543,7 @@ class Engine:
         if plan is not None:
             self.clock = start + plan.duration_s
         record = self.round_record(round, result, watch(), plan)
+        record["fates"] = self.fates(result, plan)
         if self.executor is not None and self.executor.state_held:
             record["client_held_state"] = True  # the clients' state is not in this process's store
         self.history.append(record)
@@ -706,6 +720,23 @@ class Engine:
             **simulated,
             "this_run": True,
         }
+
+    def fates(self, result: RoundResult, plan: RoundPlan | None = None) -> dict[str, Any]:
+        """What happened to each client of the round, by id (the per-client table's counts): ``sampled``,
+        ``steps`` (the local steps each accepted client ran), ``failed``, and with a system model ``late``,
+        ``partial`` and ``dropped`` (mid-round dropouts)."""
+        steps = {
+            cid: int(m.get("steps", self.config.local.num_steps(self.clients[cid])))
+            for cid, m in result.client_metrics.items()
+        }
+        out: dict[str, Any] = {
+            "sampled": list(result.info.sampled),
+            "steps": steps,
+            "failed": list(result.failed),
+        }
+        if plan is not None:
+            out.update(late=list(plan.late), partial=list(plan.partial), dropped=list(plan.dropped_out))
+        return out
 
     def stop_after(self, round: int) -> str:
         """Why the run must end after ``round`` (the strategy refuses the next one, or the simulated time
