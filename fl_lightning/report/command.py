@@ -89,8 +89,18 @@ def _csv_html(path: Path) -> str:
     if not rows:
         return ""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_short(c))}</td>" for c in r) + "</tr>" for r in rows[1:]
+    )
+    return f"<div style='overflow-x:auto'><table><tr>{head}</tr>{body}</table></div>"
+
+
+def _short(text: str) -> str:
+    """A number with 4 significant digits (text as it is)."""
+    try:
+        return f"{float(text):.4g}"
+    except ValueError:
+        return text
 
 
 def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) -> str:

@@ -105,18 +105,35 @@ def discover(path: Path) -> Collection:
                 break
         return col
     col = Collection(path, True)
-    for row_dir in sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []:
-        seeds = sorted(
-            (p for p in row_dir.glob("seed*") if p.is_dir() and p.name[4:].isdigit()),
-            key=lambda p: int(p.name[4:]),
-        )
-        for seed_dir in seeds:
+    seed_dirs = [
+        p
+        for p in (path.rglob("seed*") if path.is_dir() else [])
+        if p.is_dir() and p.name[4:].isdigit() and "lightning_logs" not in p.relative_to(path).parts
+    ]
+    order = _row_order(path)
+    by_row: dict[str, list[Path]] = {}
+    for seed_dir in seed_dirs:
+        by_row.setdefault(seed_dir.parent.relative_to(path).as_posix(), []).append(seed_dir)
+    for row in sorted(by_row, key=lambda r: (order.get(r, len(order)), r)):
+        for seed_dir in sorted(by_row[row], key=lambda p: int(p.name[4:])):
             version, why = _finished(seed_dir)
-            run = _load(version, row_dir.name, int(seed_dir.name[4:])) if version is not None else None
+            run = _load(version, row, int(seed_dir.name[4:])) if version is not None else None
             if run is None:
                 col.problems.append(
-                    f"{row_dir.name} seed {seed_dir.name[4:]}: failed ({why}); left out of the figures"
+                    f"{row} seed {seed_dir.name[4:]}: failed ({why}); left out of the figures"
                 )
                 continue
-            col.rows.setdefault(row_dir.name, []).append(run)
+            col.rows.setdefault(row, []).append(run)
     return col
+
+
+def _row_order(path: Path) -> dict[str, int]:
+    """The rows' order in a sweep's ``results.csv`` (the sweep file's order), empty without one."""
+    import csv
+
+    try:
+        with open(path / "results.csv", newline="") as f:
+            names = [r.get("row", "") for r in csv.DictReader(f)]
+    except OSError:
+        return {}
+    return {name: i for i, name in enumerate(names)}

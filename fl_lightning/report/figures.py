@@ -106,6 +106,10 @@ def curves_figure(
     if not drawn:
         plt.close(fig)
         return []
+    if clock == "round":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round (server steps)" if clock == "round" else "simulated time (s)")
     ax.set_ylabel(f"{tag} (%)")
     ax.set_title(title)
