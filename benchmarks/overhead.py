@@ -63,7 +63,7 @@ def framework(args: argparse.Namespace, dm: FederatedDataModule) -> tuple[float,
     module = FederatedModule(client, FedAvg(), local_steps=args.local_steps, eval_clients_every=0)
     trainer = bare_trainer(args.rounds, torch.device("cpu"))
     trainer.fit(module, datamodule=dm)
-    return time.perf_counter() - start, [r["time_s"] for r in module.history], module.client.net
+    return time.perf_counter() - start, [r.time_s for r in module.history], module.client.net
 
 
 def main() -> None:

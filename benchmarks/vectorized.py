@@ -110,7 +110,7 @@ def round_times(
     executor = module.engine.executor
     if vectorize > 1 and (executor.notices or not executor.counts["vectorised"]):
         raise RuntimeError(f"{name} did not run vectorised: {executor.notices}")
-    peak = module.history[-1].get("peak_memory_gb", float("nan"))
+    peak = module.history[-1].peak_memory_gb or float("nan")
     return timer.times[1:] if len(timer.times) > 1 else timer.times, peak
 
 
@@ -150,7 +150,7 @@ def framework_rounds(args: argparse.Namespace, dm: FederatedDataModule, vectoriz
     timer = RoundTimer(torch.device("cpu"))
     trainer = bare_trainer(args.rounds, torch.device("cpu"), callbacks=[timer], default_root_dir=args.root)
     trainer.fit(module, datamodule=dm)
-    return timer.times, module.history[-1].get("vectorize", {})
+    return timer.times, module.history[-1].vectorize
 
 
 def hand_rounds(args: argparse.Namespace, dm: FederatedDataModule, fused: bool) -> list[float]:

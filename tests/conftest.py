@@ -90,7 +90,7 @@ def fit(tmp_path):
     ):
         trainer = make_trainer(tmp_path, rounds=rounds, **trainer_kw)
         trainer.fit(module, datamodule=data or make_data())
-        failed = [(r["round"], r["failed"]) for r in module.history if r.get("failed")]
+        failed = [(r.round, r.failed) for r in module.history if r.failed]
         assert allow_failed_clients or not failed, f"clients failed (round, count): {failed}"
         return trainer
 

@@ -50,8 +50,8 @@ class CommunicationToTarget(FederatedCallback):
         if value is None or float(value) < self.target:
             return
         history = getattr(pl_module, "history", [])
-        down = sum(r["bytes_down"] for r in history)
-        up = sum(r["bytes_up"] for r in history)
+        down = sum(r.bytes_down for r in history)
+        up = sum(r.bytes_up for r in history)
         self.result = {
             "round": len(history),
             "value": float(value),

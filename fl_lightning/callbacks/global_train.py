@@ -42,7 +42,7 @@ class GlobalTrainMetrics(FederatedCallback):
         if not history or rounds % self.every_n_rounds:
             return
         values = {f"global_train/{k}": v for k, v in self.compute(trainer, pl_module).items()}
-        history[-1].update(values)
+        history[-1].metrics.update(values)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(values, step=rounds)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_lightning.engine.record import RoundRecord
 from fl_lightning.functional.outcomes import SPREAD_KEYS, client_spread
 
 CURVES_FILE = "curves.csv"
@@ -62,24 +63,27 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def read_history(history: Iterable[Mapping[str, Any]]) -> list[RoundRow]:
+def read_history(history: Iterable[RoundRecord]) -> list[RoundRow]:
     """The engine's round records (``FederatedModule.history``) as :class:`RoundRow` (the one reader)."""
     rows = []
     for r in history:
-        metrics = {k: float(v) for k, v in r.items() if "/" in k and _number(v)}
+        metrics = {k: float(v) for k, v in r.metrics.items() if _number(v)}
         metrics.update(
-            {f"train/{k[6:]}": float(v) for k, v in r.items() if k.startswith("train_") and _number(v)}
+            {f"train/{k.removeprefix('train_')}": float(v) for k, v in r.train.items() if _number(v)}
         )
-        metrics.update({k: float(v) for k, v in (r.get("strategy") or {}).items() if _number(v)})
+        metrics.update({k: float(v) for k, v in r.strategy.items() if _number(v)})
+        fates: dict[str, Any] = {"sampled": list(r.sampled), "steps": dict(r.client_steps)}
+        fates.update(failed=list(r.failed_ids), late=list(r.late_ids), partial=list(r.partial_ids))
+        fates["dropped"] = list(r.dropped_ids)
         rows.append(
             RoundRow(
-                round=int(r["round"]) + 1,
-                time_s=float(r.get("time_s", 0.0)),
-                bytes_down=int(r.get("bytes_down", 0)),
-                bytes_up=int(r.get("bytes_up", 0)),
-                sim_time_s=float(r["sim_time_s"]) if _number(r.get("sim_time_s")) else None,
+                round=int(r.round) + 1,
+                time_s=float(r.time_s),
+                bytes_down=int(r.bytes_down),
+                bytes_up=int(r.bytes_up),
+                sim_time_s=None if r.sim is None else float(r.sim.time_s),
                 metrics=metrics,
-                fates=dict(r.get("fates") or {}),
+                fates=fates,
             )
         )
     return rows

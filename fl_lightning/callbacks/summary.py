@@ -35,6 +35,7 @@ from fl_lightning.callbacks.results import (
     read_history,
     write_csv,
 )
+from fl_lightning.engine.record import RoundRecord, totals
 from fl_lightning.functional.outcomes import client_spread
 from fl_lightning.runs import machine_text
 
@@ -132,7 +133,7 @@ class FederatedSummary(Callback):
         history = getattr(pl_module, "history", None)
         if trainer.state.fn != TrainerFn.FITTING or not history:
             return
-        if not any(r.get("this_run", True) for r in history):
+        if not any(r.this_run for r in history):
             return  # a resumed run stopped before its first round: the run's summary.json stands
         self._finish(trainer, pl_module, {}, _reason(exception))
         self._report(trainer, pl_module, _local_log_dir(trainer))  # no collective on the way out
@@ -383,7 +384,7 @@ LAST_K = 5
 
 
 def summarize(
-    history: list[dict],
+    history: list[RoundRecord],
     per_client: dict[int, dict[str, float]],
     wall_time: float,
     target: float | None = None,
@@ -396,19 +397,11 @@ def summarize(
     ``sim_time_to_target_s``, the simulated time at the end of the first round whose global metric reached it
     (None: never).
     """
-    labelled = any("global/o_f1" in r for r in history) and not any("global/acc" in r for r in history)
-    metric = "o_f1" if labelled else "acc"
-    scores = [(r["round"], r[f"global/{metric}"]) for r in history if f"global/{metric}" in r]
-    out: dict[str, Any] = {
-        "rounds": len(history),
-        "rounds_this_run": sum(1 for r in history if r.get("this_run", True)),
-        "wall_time_s": wall_time,
-        "mean_round_s": (sum(r["time_s"] for r in history) / len(history)) if history else 0.0,
-        "bytes_down": sum(r["bytes_down"] for r in history),
-        "bytes_up": sum(r["bytes_up"] for r in history),
-        "metric": metric,
-    }
-    out["bytes_total"] = out["bytes_down"] + out["bytes_up"]
+    labelled = any("global/o_f1" in r.metrics for r in history)
+    metric = "o_f1" if labelled and not any("global/acc" in r.metrics for r in history) else "acc"
+    key = f"global/{metric}"
+    scores = [(r.round, r.metrics[key]) for r in history if key in r.metrics]
+    out: dict[str, Any] = {"wall_time_s": wall_time, "metric": metric, **totals(history)}
     if scores:
         best_round, best = max(scores, key=lambda t: t[1])
         out[f"final_global_{metric}"] = scores[-1][1]
@@ -422,17 +415,14 @@ def summarize(
         last = [v for _, v in scores[-LAST_K:]]
         out[f"last_k_mean_global_{metric}"] = sum(last) / len(last)
         out["last_k"] = len(last)
-    clocked = [r for r in history if "sim_time_s" in r]
-    if clocked:
-        out["sim_time_s"] = clocked[-1]["sim_time_s"]
-        if target is not None:
-            out["sim_target"] = target
-            hit = next((r for r in clocked if r.get(f"global/{metric}", -math.inf) >= target), None)
-            out["sim_time_to_target_s"] = None if hit is None else hit["sim_time_s"]
-    reported = next((r["strategy"] for r in reversed(history) if r.get("strategy")), {})
+    if "sim_time_s" in out and target is not None:
+        out["sim_target"] = target
+        hit = next((r.sim for r in history if r.sim and r.metrics.get(key, -math.inf) >= target), None)
+        out["sim_time_to_target_s"] = None if hit is None else hit.time_s
+    reported = next((r.strategy for r in reversed(history) if r.strategy), {})
     if reported:  # the strategy's scalars after its last reporting round, e.g. privacy/epsilon
         out.update(reported)
-    vectorize = next((r["vectorize"] for r in reversed(history) if r.get("vectorize")), {})
+    vectorize = next((r.vectorize for r in reversed(history) if r.vectorize), {})
     out.update(vectorize)  # how model.vectorize ran (vectorize/batched, vectorize/speedup, ...)
     vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
@@ -479,8 +469,8 @@ def _gaps_text(s: Mapping[str, Any], m: str) -> str:
 
     text = (
         f"unseen clients ({s['unseen_clients']}): global {_pct(s.get(f'unseen_global_{m}'))}; "
-        f"participation gap {pts(s.get('participation_gap'))} (participating - unseen, test data), out-of-sample gap "
-        f"{pts(s.get('out_of_sample_gap'))} (participating: train - test)"
+        f"participation gap {pts(s.get('participation_gap'))} (participating - unseen, test data), "
+        f"out-of-sample gap {pts(s.get('out_of_sample_gap'))} (participating: train - test)"
     )
     if f"unseen_personal_{m}" in s:
         text += (

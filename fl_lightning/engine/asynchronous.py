@@ -33,6 +33,7 @@ from fl_lightning.api.asynchronous import AsyncStrategy
 from fl_lightning.api.client import merge_train_states
 from fl_lightning.api.types import RoundInfo, RoundResult
 from fl_lightning.engine.flight import Flight
+from fl_lightning.engine.record import SimulatedTime
 from fl_lightning.engine.round import (
     Engine,
     RoundListener,
@@ -117,19 +118,16 @@ class AsyncSchedule:
         if failed:
             first = failed[0]
             result.error = f"client {first.client}: {first.error}"
-        record = e.round_record(round, result, watch())
         staleness = [round - f.version for f in accepted]
-        record.update(
-            {
-                "sim_round_s": e.clock - start,
-                "sim_time_s": e.clock,
-                "staleness_mean": sum(staleness) / len(staleness),
-                "staleness_max": max(staleness),
-                "dispatched": traffic["dispatched"],
-                "in_flight": len(self.flights),
-                "client_steps": {f.client: f.steps for f in accepted},
-            }
+        sim = SimulatedTime(
+            round_s=e.clock - start,
+            time_s=e.clock,
+            staleness_mean=sum(staleness) / len(staleness),
+            staleness_max=max(staleness),
+            dispatched=traffic["dispatched"],
+            in_flight=len(self.flights),
         )
+        record = e.round_record(round, result, watch(), sim, {f.client: f.steps for f in accepted})
         e.history.append(record)
         return RoundOutcome(record, result, e.stop_after(round))
 

@@ -52,6 +52,7 @@ from fl_lightning.api.types import ClientResult, Payload, RoundInfo, RoundResult
 from fl_lightning.data.federated import ClientData
 from fl_lightning.engine.attack import SimulatedAttack, run_attack
 from fl_lightning.engine.local import LocalConfig, check_upload
+from fl_lightning.engine.record import RoundRecord, SimulatedTime
 from fl_lightning.engine.state import ClientStateStore
 from fl_lightning.engine.system import Devices, RoundPlan, Setup, SystemModel
 from fl_lightning.engine.work import Executor, Work
@@ -183,7 +184,7 @@ class RoundOutcome:
     """What a round returns: its record (also appended to :attr:`Engine.history`), its aggregate and
     facts, and the reason the run must stop after it ("" to go on)."""
 
-    record: dict[str, Any]
+    record: RoundRecord
     result: RoundResult
     stop_reason: str = ""
 
@@ -221,7 +222,7 @@ class Engine:
     executor: Executor | None = None
     precision: Any = None
     num_rounds: int = -1
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[RoundRecord] = field(default_factory=list)
     clients: list[ClientData] = field(default_factory=list, repr=False)
     task: Task | None = None
     num_classes: int = 0
@@ -540,12 +541,22 @@ class Engine:
             self.strategy.on_after_server_step(self.model, result.means, result.info)
         else:
             self._skip(round, result, step)
+        sim = None
         if plan is not None:
             self.clock = start + plan.duration_s
-        record = self.round_record(round, result, watch(), plan)
-        record["fates"] = self.fates(result, plan)
-        if self.executor is not None and self.executor.state_held:
-            record["client_held_state"] = True  # the clients' state is not in this process's store
+            sim = SimulatedTime(
+                round_s=plan.wait_s + plan.duration_s,
+                time_s=self.clock,
+                online=plan.online,
+                late=len(plan.late),
+                partial=len(plan.partial),
+                discarded=len(plan.discarded),
+                dropped_out=len(plan.dropped_out),
+            )
+        record = self.round_record(round, result, watch(), sim, None if plan is None else plan.steps)
+        if plan is not None:  # the clients' fates by id (the per-client table's counts)
+            record.late_ids, record.partial_ids = list(plan.late), list(plan.partial)
+            record.dropped_ids = list(plan.dropped_out)
         self.history.append(record)
         return RoundOutcome(record, result, self.stop_after(round))
 
@@ -665,8 +676,8 @@ class Engine:
             step.skip()
             return
         limit = self.config.max_failed_rounds
-        counted = (r for r in reversed(self.history) if not r.get("skipped") or r.get("failed"))
-        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.get("skipped"), counted))
+        counted = (r for r in reversed(self.history) if not r.skipped or r.failed)
+        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.skipped, counted))
         if failed >= limit:
             raise RunError(
                 f"round {round}: every sampled client failed for {failed} consecutive rounds "
@@ -684,59 +695,40 @@ class Engine:
         step.skip()
 
     def round_record(
-        self, round: int, result: RoundResult, seconds: float, plan: RoundPlan | None = None
-    ) -> dict[str, Any]:
-        """The round's record for the history (and the logs): its facts, and with a system model its
-        simulated time, its clients' fates and the steps each trained client ran."""
-        lr = self.config.local.lr_decay**round * float(getattr(self.model, "lr", 0.0))
-        reported = dict(self.strategy.round_metrics())
-        simulated = {}
-        if plan is not None:
-            simulated = {
-                "sim_round_s": plan.wait_s + plan.duration_s,
-                "sim_time_s": self.clock,
-                "online_clients": plan.online,
-                "late_clients": len(plan.late),
-                "partial_clients": len(plan.partial),
-                "discarded_clients": len(plan.discarded),
-                "dropped_out": len(plan.dropped_out),
-                "client_steps": dict(plan.steps),
-            }
+        self,
+        round: int,
+        result: RoundResult,
+        seconds: float,
+        sim: SimulatedTime | None = None,
+        steps: dict[int, int] | None = None,
+    ) -> RoundRecord:
+        """The round's record for the history (and the logs): its facts, the steps each aggregated client
+        ran (``steps``; default: the local work's steps) and, with a simulated clock, ``sim``."""
+        local = self.config.local
+        if steps is None:
+            steps = {c: local.num_steps(self.clients[c]) for c in result.info.aggregated}
         facts = self.executor.facts() if self.executor is not None else {}
-        return {
-            "round": round,
-            "clients": len(result.info.sampled),
-            "failed": len(result.failed),
-            "bytes_down": result.bytes_down,
-            "bytes_up": result.bytes_up,
-            "time_s": seconds,
-            "client_lr": lr,
-            "skipped": not result.info.aggregated,
-            **result.train_metrics,
-            **({"strategy": reported} if reported else {}),  # e.g. privacy/epsilon
-            **({} if result.peak_memory_gb is None else {"peak_memory_gb": result.peak_memory_gb}),
-            **({"vectorised_clients": result.vectorised} if self.config.local.vectorized else {}),
-            **({"vectorize": facts} if facts else {}),  # how the local work ran (model.vectorize)
-            **simulated,
-            "this_run": True,
-        }
-
-    def fates(self, result: RoundResult, plan: RoundPlan | None = None) -> dict[str, Any]:
-        """What happened to each client of the round, by id (the per-client table's counts): ``sampled``,
-        ``steps`` (the local steps each accepted client ran), ``failed``, and with a system model ``late``,
-        ``partial`` and ``dropped`` (mid-round dropouts)."""
-        steps = {
-            cid: int(m.get("steps", self.config.local.num_steps(self.clients[cid])))
-            for cid, m in result.client_metrics.items()
-        }
-        out: dict[str, Any] = {
-            "sampled": list(result.info.sampled),
-            "steps": steps,
-            "failed": list(result.failed),
-        }
-        if plan is not None:
-            out.update(late=list(plan.late), partial=list(plan.partial), dropped=list(plan.dropped_out))
-        return out
+        return RoundRecord(
+            round=round,
+            clients=len(result.info.sampled),
+            failed=len(result.failed),
+            bytes_down=result.bytes_down,
+            bytes_up=result.bytes_up,
+            time_s=seconds,
+            client_lr=local.lr_decay**round * float(getattr(self.model, "lr", 0.0)),
+            skipped=not result.info.aggregated,
+            aggregated=len(result.info.aggregated),
+            sampled=list(result.info.sampled),
+            failed_ids=list(result.failed),
+            client_steps={c: steps[c] for c in sorted(steps) if c in result.info.aggregated},
+            train=dict(result.train_metrics),
+            sim=sim,
+            strategy=dict(self.strategy.round_metrics()),  # e.g. privacy/epsilon
+            vectorize=dict(facts),  # how the local work ran (model.vectorize)
+            vectorised_clients=result.vectorised if local.vectorized else None,
+            peak_memory_gb=result.peak_memory_gb,
+            client_held_state=self.executor is not None and self.executor.state_held,
+        )
 
     def stop_after(self, round: int) -> str:
         """Why the run must end after ``round`` (the strategy refuses the next one, or the simulated time
@@ -787,7 +779,7 @@ class Engine:
     def check_resume(self) -> None:
         """Refuse to continue a restored history whose clients kept their state themselves (a Flower run)
         on an executor without that state: the rounds would silently start those states from zero."""
-        if any(r.get("client_held_state") for r in self.history):
+        if any(r.client_held_state for r in self.history):
             strategy = type(self.strategy).__name__
             raise ConfigError(
                 f"ckpt_path: the clients of this run ({strategy}) kept their state on their Flower nodes, "

@@ -30,6 +30,7 @@ from fl_lightning.engine.attack import SimulatedAttack, as_attack
 from fl_lightning.engine.batched import gradient_hooks
 from fl_lightning.engine.executors import Executor, Sequential, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
+from fl_lightning.engine.record import RoundRecord
 from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
 from fl_lightning.engine.state import ClientStateStore
 from fl_lightning.engine.system import SystemModel
@@ -224,7 +225,7 @@ class FederatedModule(LightningModule):
         return dm
 
     @property
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[RoundRecord]:
         """The record of every round done (the engine's; part of the checkpoint)."""
         return self.engine.history
 
@@ -366,32 +367,11 @@ class FederatedModule(LightningModule):
         if outcome.stop_reason:  # Lightning finishes the round as usual (validation, last.ckpt, summary)
             self.trainer.should_stop = True
 
-    def _log_round(self, record: dict[str, Any], res: RoundResult) -> None:
-        self.log_dict(
-            {
-                "round/time_s": record["time_s"],
-                "round/bytes_down": float(record["bytes_down"]),
-                "round/bytes_up": float(record["bytes_up"]),
-                "round/clients": float(record["clients"]),
-                "round/failed_clients": float(record["failed"]),
-                "round/client_lr": record["client_lr"],
-                **({"round/peak_memory_gb": record["peak_memory_gb"]} if "peak_memory_gb" in record else {}),
-                **(
-                    {"round/vectorised_clients": float(record["vectorised_clients"])}
-                    if "vectorised_clients" in record
-                    else {}
-                ),
-                **record.get("vectorize", {}),  # how model.vectorize ran: batched, speedup, fused SGD
-            },
-            on_step=True,
-            on_epoch=False,
-            batch_size=1,
-        )
-        if "sim_time_s" in record:  # model.system or an asynchronous strategy: the simulated clock
-            self.log_dict(simulated_scalars(record), on_step=True, on_epoch=False, batch_size=1)
-        if record.get("strategy"):
-            self.log_dict(record["strategy"], on_step=True, on_epoch=False, batch_size=1)
-        train = {f"train/{k.removeprefix('train_')}": v for k, v in res.train_metrics.items()}
+    def _log_round(self, record: RoundRecord, res: RoundResult) -> None:
+        scalars = record.scalars()
+        train = {k: v for k, v in scalars.items() if k.startswith("train/")}
+        rest = {k: v for k, v in scalars.items() if k not in train}
+        self.log_dict(rest, on_step=True, on_epoch=False, batch_size=1)
         if train:
             self.log_dict(train, on_step=True, on_epoch=False, batch_size=1, prog_bar=True)
         per_client = {
@@ -400,7 +380,7 @@ class FederatedModule(LightningModule):
             for k, v in m.items()
             if k != "num_samples"
         }
-        self._log_direct(per_client, step=record["round"] + 1)
+        self._log_direct(per_client, step=record.round + 1)
         self._log_step()
 
     def _log_step(self) -> None:
@@ -477,9 +457,8 @@ class FederatedModule(LightningModule):
                 for logger in self.loggers:
                     if isinstance(logger, RoundStepLogger):
                         logger.round_step = self.rounds_done
-        if self.history and prefix == "global" and self.history[-1]["round"] == self.global_step - 1:
-            self.history[-1].update(values)
-            self.history[-1].update(groups)
+        if prefix == "global":
+            self._record_metrics({**values, **groups})
         rounds_done = self.rounds_done
         due = self.eval_clients_every > 0 and rounds_done % self.eval_clients_every == 0
         # trainer.training is False during fit's own validation: test the entry point instead
@@ -516,6 +495,12 @@ class FederatedModule(LightningModule):
         with torch.inference_mode(False), torch.no_grad():
             return Sequential().evaluate(work)[0]
 
+    def _record_metrics(self, values: dict[str, Any]) -> None:
+        """Keep an evaluation of the model after the last round in that round's record (while fitting)."""
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if fitting and self.history and self.history[-1].round == self.global_step - 1:
+            self.history[-1].metrics.update({k: float(v) for k, v in values.items()})
+
     def evaluate_clients(
         self, lightning_log: bool = True, clients: list[int] | None = None
     ) -> dict[int, dict[str, float]]:
@@ -539,22 +524,16 @@ class FederatedModule(LightningModule):
         self._log_direct(flat, step=self.rounds_done)
         personal = {f"personal/{k}": v for k, v in merged.compute().items()}
         spread = self.client_spread_scalars()
+        self._record_metrics({**personal, **spread})
         if personal and lightning_log:
             self.log_dict(personal, batch_size=1)
         elif personal:  # outside a hook where self.log is allowed (e.g. at the end of fit)
             self._log_direct(personal, step=self.rounds_done)
         self._log_direct(spread, step=self.rounds_done)
-        if (
-            self.trainer.state.fn == TrainerFn.FITTING
-            and self.history
-            and self.history[-1]["round"] == self.global_step - 1
-        ):
-            self.history[-1].update(personal)
-            self.history[-1].update(spread)
         return per
 
     def client_spread_scalars(self) -> dict[str, float]:
-        """The spread scalars (``clients/...``) of the last client evaluation (see :meth:`evaluate_clients`)."""
+        """The spread scalars (``clients/...``) of the last client evaluation (:meth:`evaluate_clients`)."""
         metric = self._client_metric()
         if metric is None:
             return {}
@@ -627,7 +606,7 @@ class FederatedModule(LightningModule):
             "fingerprint": self.fingerprint(),
             "hparams": hyperparameters(self),
             "client_state": self.store.state_dict(),
-            "history": self.history,
+            "history": [r.to_dict() for r in self.history],
         }
         schedule = self.engine.schedule_state()
         if schedule is not None:  # the simulated clock, an asynchronous schedule's clients in flight
@@ -641,7 +620,8 @@ class FederatedModule(LightningModule):
             )
         check_resume(self, checkpoint, self.fingerprint())
         self.store.load_state_dict(fl["client_state"])
-        self.history[:] = [dict(r, this_run=False) for r in fl["history"]]
+        restored = [RoundRecord.from_dict(r) for r in fl["history"]]  # older checkpoints: flat dicts
+        self.history[:] = [dataclasses.replace(r, this_run=False) for r in restored]
         self.engine.load_schedule_state(fl.get("schedule"))
         self.engine.check_resume()
         self._checkpoint_rounds = int(checkpoint.get("global_step", 0))
@@ -738,32 +718,6 @@ def check_trainer_options(trainer: Any) -> None:
             f"trainer.max_epochs={max_epochs}: one epoch holds all rounds; set trainer.max_steps (the number "
             "of rounds) and model.local_epochs (local passes per round) instead"
         )
-
-
-#: Round-record keys of the simulated clock and what they are logged as (``round/...`` per round).
-SIMULATED = {
-    "sim_round_s": "round/sim_time_s",
-    "sim_time_s": "sim/time_s",
-    "online_clients": "round/online_clients",
-    "late_clients": "round/late_clients",
-    "partial_clients": "round/partial_clients",
-    "discarded_clients": "round/discarded_clients",
-    "dropped_out": "round/dropped_out",
-    "staleness_mean": "round/staleness_mean",
-    "staleness_max": "round/staleness_max",
-    "dispatched": "round/dispatched",
-    "in_flight": "round/in_flight",
-}
-
-
-def simulated_scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The scalars of a round's simulated clock (:data:`SIMULATED`) and the mean local steps of the clients
-    whose work was used (``round/local_steps``)."""
-    out = {tag: float(record[key]) for key, tag in SIMULATED.items() if key in record}
-    steps = record.get("client_steps")
-    if steps:
-        out["round/local_steps"] = sum(steps.values()) / len(steps)
-    return out
 
 
 def gather_metrics(metrics: TaskMetrics) -> TaskMetrics:

@@ -176,7 +176,7 @@ def test_select_clients_decides_who_trains(fit):
     module = make_module(strategy, clients_per_round=3)
     fit(module, rounds=2)
     assert strategy.trained == [(0, 1), (0, 3), (1, 1), (1, 3)]  # sorted by the loop
-    assert [r["clients"] for r in module.history] == [2, 2]
+    assert [r.clients for r in module.history] == [2, 2]
 
 
 @pytest.mark.parametrize("bad", [[], [0, 0], [4], [-1]])
@@ -204,8 +204,8 @@ def test_process_upload_is_what_is_sent_counted_and_aggregated(fit):
     fit(full, rounds=1)
     fit(part, rounds=1)
     sent = {n: t for n, t in start.items() if n.startswith("net.classifier.2.")}
-    assert part.history[0]["bytes_up"] == 2 * payload_bytes({"weights": sent})
-    assert part.history[0]["bytes_up"] < full.history[0]["bytes_up"]
+    assert part.history[0].bytes_up == 2 * payload_bytes({"weights": sent})
+    assert part.history[0].bytes_up < full.history[0].bytes_up
     end = global_weights(part)
     for name in start:  # entries not sent keep their value; sent ones moved
         assert torch.equal(start[name], end[name]) == (name not in sent)

@@ -35,4 +35,4 @@ def test_multilabel_federation_logs_macro_and_micro_metrics(fit):
     for key in ("c_f1", "o_f1", "c_precision", "o_recall", "map_macro", "map_micro", "loss"):
         assert f"global/{key}" in metrics and f"personal/{key}" in metrics, key
     assert set(module.client_eval[0]) >= {"c_f1", "o_f1", "map_micro"}
-    assert module.history[-1]["train_loss"] < module.history[0]["train_loss"]
+    assert module.history[-1].train["train_loss"] < module.history[0].train["train_loss"]

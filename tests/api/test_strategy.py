@@ -81,8 +81,8 @@ def test_local_step_override_and_extra_payload_groups(fit):
     fit(module, rounds=1)
     assert int(module.store.get(0)["steps"]) == 6
     model_bytes = sum(p.numel() * 4 for p in module.client.parameters())
-    assert module.history[0]["bytes_up"] == 4 * (model_bytes + 12)
-    assert module.history[0]["bytes_down"] == 4 * model_bytes
+    assert module.history[0].bytes_up == 4 * (model_bytes + 12)
+    assert module.history[0].bytes_down == 4 * model_bytes
 
 
 def test_a_wrapper_that_adds_nothing_is_bit_identical_to_its_base(fit):

@@ -16,14 +16,14 @@ def test_bytes_until_the_target_are_those_of_the_rounds_before(fit, tmp_path):
     module = make_module(width=8, local_steps=10)  # global/acc here: 0.081, 0.092, 0.100
     fit(module, rounds=3, callbacks=[*callbacks, never])
     history = module.history
-    acc = [float(r["global/acc"]) for r in history]
+    acc = [float(r.metrics["global/acc"]) for r in history]
     for target, cb in zip(targets, callbacks):
         first = next((i for i, a in enumerate(acc) if a >= target), None)  # by hand from the history
         if first is None:
             assert cb.result is None, target
             continue
-        down = sum(r["bytes_down"] for r in history[: first + 1])
-        up = sum(r["bytes_up"] for r in history[: first + 1])
+        down = sum(r.bytes_down for r in history[: first + 1])
+        up = sum(r.bytes_up for r in history[: first + 1])
         expected = {"round": first + 1, "value": acc[first], "bytes_down": down, "bytes_up": up}
         assert cb.result == {**expected, "bytes_total": down + up}, target
     assert max(cb.result["round"] for cb in callbacks if cb.result) > 1  # the cumulative sums are tested

@@ -25,8 +25,8 @@ def test_the_global_training_loss_is_the_global_model_on_every_training_sample(t
         out = module.client(x)
     loss = torch.nn.functional.cross_entropy(out, y)
     acc = (out.argmax(1) == y).float().mean()
-    assert module.history[-1]["global_train/loss"] == pytest.approx(float(loss), rel=1e-5)
-    assert module.history[-1]["global_train/acc"] == pytest.approx(float(acc), rel=1e-6)
+    assert module.history[-1].metrics["global_train/loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert module.history[-1].metrics["global_train/acc"] == pytest.approx(float(acc), rel=1e-6)
 
 
 def test_bad_arguments_are_one_line():

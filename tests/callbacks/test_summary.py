@@ -1,7 +1,10 @@
+import dataclasses
+
 import pytest
 import torch
 
 from fl_lightning.callbacks.summary import flatten_config, hparam_metrics, machine_info
+from fl_lightning.engine.record import RoundRecord, SimulatedTime
 from fl_lightning.runs import machine_text
 
 
@@ -111,21 +114,15 @@ def test_the_summary_reports_the_simulated_time_and_the_time_to_the_target():
     from fl_lightning.callbacks.summary import summarize
 
     def rec(r, acc, clock):
-        return {
-            "round": r,
-            "time_s": 0.1,
-            "bytes_down": 1,
-            "bytes_up": 1,
-            "global/acc": acc,
-            "sim_time_s": clock,
-        }
+        sim = SimulatedTime(round_s=1.0, time_s=clock)
+        return RoundRecord(r, 2, 0, 1, 1, 0.1, sim=sim, metrics={"global/acc": acc})
 
     history = [rec(0, 0.5, 10.0), rec(1, 0.8, 25.0), rec(2, 0.7, 40.0)]
     s = summarize(history, {}, 1.0, target=0.75)
     assert s["sim_time_s"] == 40.0 and s["sim_target"] == 0.75 and s["sim_time_to_target_s"] == 25.0
     assert summarize(history, {}, 1.0, target=0.9)["sim_time_to_target_s"] is None  # never reached
     assert "sim_target" not in summarize(history, {}, 1.0)
-    plain = [{k: v for k, v in r.items() if k != "sim_time_s"} for r in history]
+    plain = [dataclasses.replace(r, sim=None) for r in history]
     assert "sim_time_s" not in summarize(plain, {}, 1.0, target=0.75)  # no simulated clock
     assert hparam_metrics(s | {"metric": "acc"})["summary/sim_time_s"] == 40.0
 
@@ -144,4 +141,4 @@ def test_a_run_with_a_system_model_writes_its_simulated_time(tmp_path):
     trainer.fit(module, datamodule=make_data())
     s = read_summary(trainer.log_dir)
     assert s["sim_time_s"] == pytest.approx(module.engine.clock) and s["sim_target"] == 0.05
-    assert s["sim_time_to_target_s"] == pytest.approx(module.history[0]["sim_time_s"])
+    assert s["sim_time_to_target_s"] == pytest.approx(module.history[0].sim.time_s)

@@ -18,6 +18,7 @@ from fl_lightning.data.flair import (
     read_split,
     write_digits_as_flair,
 )
+from fl_lightning.engine.record import RoundRecord
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import SmallCNN
@@ -224,14 +225,14 @@ def test_flair_format_federation_trains_with_multilabel_metrics_in_tensorboard(t
     for key in ("c_precision", "c_recall", "c_f1", "o_f1", "map_macro"):
         assert f"global/{key}" in tags and f"personal/{key}" in tags
     assert {f"z_client/{c}/c_f1" for c in range(6)} <= tags
-    assert module.history[-1]["clients"] == 3
+    assert module.history[-1].clients == 3
 
 
 def test_summary_of_a_multilabel_run_reports_o_f1():
     from fl_lightning.callbacks import summarize
 
     history = [
-        {"round": r, "time_s": 1.0, "bytes_down": 10, "bytes_up": 10, "global/o_f1": f, "global/c_f1": 0.1}
+        RoundRecord(r, 2, 0, 10, 10, 1.0, metrics={"global/o_f1": f, "global/c_f1": 0.1})
         for r, f in enumerate([0.2, 0.5, 0.4])
     ]
     s = summarize(history, {0: {"o_f1": 0.3}, 1: {"o_f1": 0.5}}, 3.0)

@@ -35,21 +35,21 @@ def test_arrivals_follow_the_clock_and_each_client_trains_on_the_model_of_its_di
     assert isinstance(schedule, AsyncSchedule) and schedule.in_flight == 4 and schedule.buffer == 2
     engine.run_round(0)
     first = engine.history[0]
-    assert first["staleness_max"] == 0 and sorted(first["client_steps"]) == [0, 1]
+    assert first.sim.staleness_max == 0 and sorted(first.client_steps) == [0, 1]
     # client 0's place was refilled at once (by client 0, the only one not in flight), client 1's (the K-th
     # arrival) is refilled after the server step, when the next step starts
-    assert first["dispatched"] == 5 and first["in_flight"] == 3
+    assert first.sim.dispatched == 5 and first.sim.in_flight == 3
     assert {f.client: f.version for f in schedule.flights} == {0: 0, 2: 0, 3: 0}
     engine.run_round(1)
     assert {f.client: f.version for f in schedule.flights if f.client == 1} == {1: 1}  # on the new model
     for r in range(2, 6):
         engine.run_round(r)
     records = engine.history
-    assert max(r["staleness_max"] for r in records) >= 2  # the slow clients' updates are stale
-    clock = [r["sim_time_s"] for r in records]
+    assert max(r.sim.staleness_max for r in records) >= 2  # the slow clients' updates are stale
+    clock = [r.sim.time_s for r in records]
     assert clock == sorted(clock)
-    assert sum(r["sim_round_s"] for r in records) == pytest.approx(engine.clock)
-    assert all(len(r["client_steps"]) <= 2 and r["clients"] == 2 for r in records)
+    assert sum(r.sim.round_s for r in records) == pytest.approx(engine.clock)
+    assert all(len(r.client_steps) <= 2 and r.clients == 2 for r in records)
 
 
 def test_fedbuffs_first_step_with_every_client_in_the_buffer_is_the_uniform_mean():
@@ -71,7 +71,7 @@ def test_fedbuffs_first_step_with_every_client_in_the_buffer_is_the_uniform_mean
 def test_fedasync_takes_a_server_step_per_arrival():
     engine = make_engine(FedAsync(concurrency=3), num_clients=4)
     engine.run_round(0)
-    assert engine.schedule.buffer == 1 and engine.history[0]["clients"] == 1
+    assert engine.schedule.buffer == 1 and engine.history[0].clients == 1
 
 
 def test_a_resume_with_clients_in_flight_is_bit_exact(tmp_path):
@@ -90,14 +90,17 @@ def test_a_resume_with_clients_in_flight_is_bit_exact(tmp_path):
     resumed = run(4, tmp_path / "b", ckpt=str(tmp_path / "a" / "ck" / "last.ckpt"))
     a, b = global_weights(straight), global_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    keys = ("sim_time_s", "staleness_max", "client_steps", "failed")
-    assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
+
+    def kept(r):
+        return (r.sim.time_s, r.sim.staleness_max, r.client_steps, r.failed)
+
+    assert [kept(r) for r in straight.history] == [kept(r) for r in resumed.history]
 
 
 def test_one_training_step_is_one_server_step(fit):
     module = make_module(FedBuff(buffer_size=1), participation=0.5)
     trainer = fit(module, rounds=3)
-    assert trainer.global_step == 3 and [r["clients"] for r in module.history] == [1, 1, 1]
+    assert trainer.global_step == 3 and [r.clients for r in module.history] == [1, 1, 1]
 
 
 @pytest.mark.parametrize(

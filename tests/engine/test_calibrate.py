@@ -167,8 +167,8 @@ def test_a_measured_run_trains_batched_where_that_is_faster(tmp_path, monkeypatc
     executor = module.engine.executor
     # round 0: 2 clients one at a time (timed), then 4 batched (6 clients, groups of up to 4); then groups
     assert executor.counts == {"sequential": 2, "vectorised": 4 + 6 + 6} and not executor.notices
-    assert [r["vectorised_clients"] for r in module.history] == [4, 6, 6]
-    facts = module.history[-1]["vectorize"]
+    assert [r.vectorised_clients for r in module.history] == [4, 6, 6]
+    facts = module.history[-1].vectorize
     assert facts == {
         "vectorize/batched": 1.0,
         "vectorize/group_size": 4.0,
@@ -193,10 +193,10 @@ def test_a_measured_run_falls_back_to_one_at_a_time_and_says_so_once(tmp_path, m
         len(notices) == 1
         and "clients train one at a time on this CPU, where batching does not pay" in notices[0]
     )
-    assert module.history[-1]["vectorize"]["vectorize/batched"] == 0.0
-    assert module.history[-1]["vectorize"]["vectorize/group_size"] == 1.0
+    assert module.history[-1].vectorize["vectorize/batched"] == 0.0
+    assert module.history[-1].vectorize["vectorize/group_size"] == 1.0
     assert not executor.stacks  # the stacks are let go
-    assert module.history[-1]["vectorize"]["vectorize/speedup"] == pytest.approx(1 / 1.5)
+    assert module.history[-1].vectorize["vectorize/speedup"] == pytest.approx(1 / 1.5)
 
 
 def test_a_network_that_would_run_under_vmap_trains_one_at_a_time_unmeasured(tmp_path, caplog):
@@ -211,7 +211,7 @@ def test_a_network_that_would_run_under_vmap_trains_one_at_a_time_unmeasured(tmp
         len(notices) == 1 and "clients train one at a time on this CPU: a group would run under" in notices[0]
     )
     assert "its network is not a linear chain" in notices[0] and "vectorize_cpu=batched" in notices[0]
-    assert module.history[-1]["vectorize"] == {"vectorize/batched": 0.0, "vectorize/group_size": 1.0}
+    assert module.history[-1].vectorize == {"vectorize/batched": 0.0, "vectorize/group_size": 1.0}
 
 
 def test_measured_runs_give_the_weights_of_one_at_a_time(tmp_path, monkeypatch):
@@ -229,8 +229,7 @@ def test_measured_runs_give_the_weights_of_one_at_a_time(tmp_path, monkeypatch):
 
 def test_the_summary_json_holds_the_decision(tmp_path, monkeypatch):
     module, summary = _measured_run(tmp_path, monkeypatch, one=1.0, group=0.2, rounds=2)
-    assert {k: v for k, v in summary.summary.items() if k.startswith("vectorize/")} == module.history[-1][
-        "vectorize"
-    ]
+    facts = {k: v for k, v in summary.summary.items() if k.startswith("vectorize/")}
+    assert facts == module.history[-1].vectorize
     assert json.loads(json.dumps(summary.summary))["vectorize/group_size"] == 4.0
     assert calibrate.CPU_MODES == ("measure", "batched", "one_at_a_time")

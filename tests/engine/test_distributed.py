@@ -10,6 +10,7 @@ import torch
 
 from fl_lightning.cli import main
 from fl_lightning.engine.distributed import assign_clients
+from fl_lightning.engine.record import RoundRecord
 
 TESTS = Path(__file__).resolve().parents[1]
 # Two processes sum their clients' weighted uploads before the all-reduce, one process sums them all
@@ -61,13 +62,11 @@ def _assert_same_run(one: dict, two: dict) -> None:
     for cid in s1:
         for k in s1[cid]:
             torch.testing.assert_close(s1[cid][k], s2[cid][k], rtol=1e-4, atol=ATOL)
-    h1, h2 = one["fl_lightning"]["history"], two["fl_lightning"]["history"]
-    assert [(r["clients"], r["bytes_up"], r["failed"]) for r in h1] == [
-        (r["clients"], r["bytes_up"], r["failed"]) for r in h2
-    ]
+    h1, h2 = ([RoundRecord.from_dict(r) for r in c["fl_lightning"]["history"]] for c in (one, two))
+    assert [(r.clients, r.bytes_up, r.failed) for r in h1] == [(r.clients, r.bytes_up, r.failed) for r in h2]
     # the round's train metrics merge every client's metric state, whichever process trained it
     for key in ("train_loss", "train_acc"):
-        assert [r[key] for r in h1] == pytest.approx([r[key] for r in h2], rel=1e-5)
+        assert [r.train[key] for r in h1] == pytest.approx([r.train[key] for r in h2], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from fl_lightning.cli import FederatedCLI
+from fl_lightning.engine.record import RoundRecord
 from fl_lightning.errors import RunError
 from fl_lightning.runs import latest_run
 
@@ -115,14 +116,15 @@ class Outcome:
 
     rounds: int
     weights: dict[str, torch.Tensor]
-    history: list[dict]
+    history: list[RoundRecord]
     error: str
 
 
 def _outcome(folder: Path, error: str) -> Outcome:
     ckpt = latest_run(folder) / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, weights_only=True)
-    return Outcome(saved["global_step"], saved["state_dict"], saved["fl_lightning"]["history"], error)
+    history = [RoundRecord.from_dict(r) for r in saved["fl_lightning"]["history"]]
+    return Outcome(saved["global_step"], saved["state_dict"], history, error)
 
 
 def _in_process(folder: Path, args: list[str], ckpt: str | None) -> str:
@@ -206,29 +208,29 @@ def _expected(policy: str, base: Outcome) -> None:
     records = base.history
     if policy == "dp_budget":
         assert base.rounds == 2 and not base.error  # stopped cleanly before the round that overspends
-        assert all(0 < r["strategy"]["privacy/epsilon"] <= 2 for r in records)
+        assert all(0 < r.strategy["privacy/epsilon"] <= 2 for r in records)
     elif policy == "attack":
         assert base.rounds == 3 and not base.error
     elif policy == "tolerated_failures":
-        assert [r["failed"] for r in records] == [sum(c < 4 for c in r_clients) for r_clients in _sampled(3)]
+        assert [r.failed for r in records] == [sum(c < 4 for c in r_clients) for r_clients in _sampled(3)]
     elif policy == "failures_not_tolerated":
         first = next(t for t, clients in enumerate(_sampled(4)) if 5 in clients)
         assert first > 0 and base.rounds == first and "client 5 failed" in base.error
     elif policy == "max_failed_rounds":
         assert base.rounds == 1 and "every sampled client failed for 2 consecutive rounds" in base.error
     elif policy == "resume":
-        assert base.rounds == 4 and [r["this_run"] for r in records] == [False, False, True, True]
+        assert base.rounds == 4 and [r.this_run for r in records] == [False, False, True, True]
     elif policy == "stragglers_partial":
-        assert base.rounds == 3 and all(r["partial_clients"] == 1 for r in records)  # round(1.5) = 2 active
-        assert all(sorted(r["client_steps"].values()) in ([1, 3, 3], [2, 3, 3]) for r in records)
+        assert base.rounds == 3 and all(r.sim.partial == 1 for r in records)  # round(1.5) = 2 active
+        assert all(sorted(r.client_steps.values()) in ([1, 3, 3], [2, 3, 3]) for r in records)
     elif policy == "devices_deadline":
-        assert base.rounds == 4 and sum(r["partial_clients"] for r in records) > 0
-        assert sum(r["dropped_out"] for r in records) > 0 and sum(r["discarded_clients"] for r in records) > 0
-        assert [r["failed"] for r in records] == [r["dropped_out"] for r in records]
+        assert base.rounds == 4 and sum(r.sim.partial for r in records) > 0
+        assert sum(r.sim.dropped_out for r in records) > 0 and sum(r.sim.discarded for r in records) > 0
+        assert [r.failed for r in records] == [r.sim.dropped_out for r in records]
     elif policy == "fedbuff_resume":
-        assert base.rounds == 4 and [r["this_run"] for r in records] == [False, False, True, True]
+        assert base.rounds == 4 and [r.this_run for r in records] == [False, False, True, True]
     if policy in ("stragglers_partial", "devices_deadline", "fedbuff_resume"):
-        clock = [r["sim_time_s"] for r in records]
+        clock = [r.sim.time_s for r in records]
         assert clock == sorted(clock) and clock[0] > 0
 
 
@@ -268,10 +270,13 @@ def test_a_policy_holds_on_every_path(tmp_path, baseline, monkeypatch, policy, p
     assert base.weights.keys() == other.weights.keys()
     for name in base.weights:
         torch.testing.assert_close(other.weights[name], base.weights[name], rtol=0, atol=ATOL)
-    assert [r["failed"] for r in other.history] == [r["failed"] for r in base.history]
-    for key in ("sim_time_s", "client_steps", "staleness_max"):  # the simulated clock and the steps taken
-        assert [r.get(key) for r in other.history] == [r.get(key) for r in base.history]
-    reported = [r.get("strategy", {}) for r in base.history]  # e.g. privacy/epsilon
-    assert [r.get("strategy", {}).keys() for r in other.history] == [r.keys() for r in reported]
+    assert [r.failed for r in other.history] == [r.failed for r in base.history]
+
+    def clock(r: RoundRecord) -> tuple:  # the simulated clock and the steps taken
+        return (r.sim and r.sim.time_s, r.client_steps, r.sim and r.sim.staleness_max)
+
+    assert [clock(r) for r in other.history] == [clock(r) for r in base.history]
+    reported = [r.strategy for r in base.history]  # e.g. privacy/epsilon
+    assert [r.strategy.keys() for r in other.history] == [r.keys() for r in reported]
     for mine, theirs in zip(other.history, reported, strict=True):
-        assert mine.get("strategy", {}) == pytest.approx(theirs)
+        assert mine.strategy == pytest.approx(theirs)

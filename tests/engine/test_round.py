@@ -102,7 +102,7 @@ def test_failing_and_non_finite_clients_are_excluded(fit, caplog):
     rec = Recorder(fail={1}, nan={2})
     module = make_module(rec)
     trainer = fit(module, rounds=2, allow_failed_clients=True)
-    assert [r["failed"] for r in module.history] == [2, 2]
+    assert [r.failed for r in module.history] == [2, 2]
     assert all(torch.isfinite(v).all() for v in global_weights(module).values())
     assert trainer.callback_metrics["round/failed_clients"] == 2
     assert "excluded from the aggregate" in caplog.text
@@ -122,7 +122,7 @@ def test_a_round_where_every_client_fails_is_skipped(fit, caplog):
     seen = WeightsAtRoundEnd()
     trainer = fit(module, rounds=2, callbacks=[seen], allow_failed_clients=True)
     assert trainer.global_step == 2
-    assert [(r["round"], r["skipped"], r["failed"]) for r in module.history] == [(0, True, 1), (1, False, 0)]
+    assert [(r.round, r.skipped, r.failed) for r in module.history] == [(0, True, 1), (1, False, 0)]
     assert all(torch.equal(seen.weights[0][k], v) for k, v in before.items())
     assert not all(torch.equal(seen.weights[1][k], v) for k, v in before.items())
     assert "round 0 skipped: every sampled client failed (client" in caplog.text
@@ -144,7 +144,7 @@ def test_a_skipped_round_leaves_server_momentum_and_weights_alone(fit):
     seen = WeightsAtRoundEnd()
     trainer = fit(module, rounds=3, callbacks=[seen], allow_failed_clients=True)
     assert trainer.global_step == 3
-    assert [r["skipped"] for r in module.history] == [False, True, False]
+    assert [r.skipped for r in module.history] == [False, True, False]
     assert all(torch.equal(seen.weights[1][k], v) for k, v in seen.weights[0].items())
     state = trainer.optimizers[0].state
     assert all(s["momentum_buffer"] is not None for s in state.values())

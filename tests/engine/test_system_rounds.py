@@ -55,11 +55,11 @@ def test_partial_work_runs_exactly_the_planned_steps_and_fednova_counts_them(vec
         engine.run_round(r)
     cut = 0
     for record in engine.history:
-        for cid, steps in record["client_steps"].items():
-            a, num_steps = engine.strategy.seen[(record["round"], cid)]
+        for cid, steps in record.client_steps.items():
+            a, num_steps = engine.strategy.seen[(record.round, cid)]
             assert a == steps == num_steps  # FedNova's tau_k is the number of steps actually run
             cut += steps < 12
-        assert record["partial_clients"] == sum(s < 12 for s in record["client_steps"].values())
+        assert record.sim.partial == sum(s < 12 for s in record.client_steps.values())
     assert cut > 0
     if vectorize > 1:
         assert engine.executor.counts["vectorised"] > 0
@@ -71,8 +71,8 @@ def test_drop_and_partial_give_different_models_and_the_same_clock(fit):
         module = make_module(local_steps=None, local_epochs=3, system=Stragglers(fraction=0.5, policy=policy))
         fit(module, rounds=3)
         weights[policy] = global_weights(module)
-        clocks[policy] = [r["sim_time_s"] for r in module.history]
-        assert all(r[f"{'late' if policy == 'drop' else 'partial'}_clients"] == 2 for r in module.history)
+        clocks[policy] = [r.sim.time_s for r in module.history]
+        assert all(getattr(r.sim, "late" if policy == "drop" else "partial") == 2 for r in module.history)
     assert any(not torch.equal(weights["drop"][k], weights["partial"][k]) for k in weights["drop"])
     assert clocks["drop"] == clocks["partial"] and clocks["drop"][0] > 0
 
@@ -84,7 +84,7 @@ def test_a_system_model_that_changes_nothing_changes_no_weight(fit):
     fit(timed, rounds=2)
     a, b = global_weights(plain), global_weights(timed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert "sim_time_s" not in plain.history[-1] and timed.history[-1]["sim_time_s"] > 0
+    assert plain.history[-1].sim is None and timed.history[-1].sim.time_s > 0
     assert plain.engine.schedule_state() is None
 
 
@@ -97,7 +97,7 @@ def test_unavailable_clients_are_not_sampled_and_the_draw_stays_seeded():
         assert set(sampled) <= set(online) and len(sampled) == min(4, len(online))
         assert sampled == engine.sample(r)
         engine.run_round(r)
-        assert engine.history[-1]["online_clients"] == len(online)
+        assert engine.history[-1].sim.online == len(online)
     everyone = make_engine(num_clients=8, participation=0.5, system=Devices())
     plain = make_engine(num_clients=8, participation=0.5)
     assert [everyone.sample(r) for r in range(5)] == [plain.sample(r) for r in range(5)]
@@ -108,8 +108,8 @@ def test_a_mid_round_dropout_is_a_failed_client():
     for r in range(4):
         engine.run_round(r)
     records = engine.history
-    assert sum(r["dropped_out"] for r in records) > 0
-    assert [r["failed"] for r in records] == [r["dropped_out"] for r in records]
+    assert sum(r.sim.dropped_out for r in records) > 0
+    assert [r.failed for r in records] == [r.sim.dropped_out for r in records]
     strict = make_engine(num_clients=6, system=Devices(dropout=0.5), tolerate_client_failures=False)
     with pytest.raises(RunError, match=r"dropped out mid-round .* model\.tolerate_client_failures=false"):
         for r in range(4):
@@ -124,22 +124,22 @@ def test_over_selection_keeps_the_first_to_finish():
     engine = make_engine(num_clients=8, participation=0.5, system=Devices(over_selection=0.5))
     engine.run_round(0)
     record = engine.history[0]
-    assert record["clients"] == 6 and record["discarded_clients"] == 2 and len(record["client_steps"]) == 4
+    assert record.clients == 6 and record.sim.discarded == 2 and len(record.client_steps) == 4
 
 
 def test_a_day_night_cycle_waits_for_a_client_to_come_online():
     engine = make_engine(num_clients=4, system=Devices(day_s=1000.0, online_fraction=0.05))
     for r in range(3):
         engine.run_round(r)
-    assert all(r["online_clients"] >= 1 for r in engine.history)
-    assert sum(r["sim_round_s"] for r in engine.history) == pytest.approx(engine.clock)
+    assert all(r.sim.online >= 1 for r in engine.history)
+    assert sum(r.sim.round_s for r in engine.history) == pytest.approx(engine.clock)
 
 
 def test_the_simulated_time_budget_ends_the_run_cleanly(fit):
     module = make_module(system=Devices(max_sim_time_s=1.0))
     trainer = fit(module, rounds=10)
-    assert trainer.global_step < 10 and module.history[-1]["sim_time_s"] >= 1.0
-    assert all(r["sim_time_s"] < 1.0 for r in module.history[:-1])
+    assert trainer.global_step < 10 and module.history[-1].sim.time_s >= 1.0
+    assert all(r.sim.time_s < 1.0 for r in module.history[:-1])
 
 
 def test_a_resume_continues_the_clock_exactly(tmp_path):
@@ -156,7 +156,7 @@ def test_a_resume_continues_the_clock_exactly(tmp_path):
     resumed = run(4, tmp_path / "b", ckpt=str(tmp_path / "a" / "ck" / "last.ckpt"))
     a, b = global_weights(straight), global_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["sim_time_s"] for r in straight.history] == [r["sim_time_s"] for r in resumed.history]
+    assert [r.sim.time_s for r in straight.history] == [r.sim.time_s for r in resumed.history]
     assert resumed.engine.clock == straight.engine.clock
 
 
@@ -170,7 +170,7 @@ def test_the_round_logs_the_clock_to_tensorboard(tmp_path):
     trainer.fit(module, datamodule=make_data())
     scalars = read_scalars(trainer.log_dir)
     assert [s for s, _ in scalars["sim/time_s"]] == [1, 2]
-    assert scalars["round/sim_time_s"][0][1] == pytest.approx(module.history[0]["sim_round_s"], rel=1e-6)
+    assert scalars["round/sim_time_s"][0][1] == pytest.approx(module.history[0].sim.round_s, rel=1e-6)
     assert {"round/partial_clients", "round/local_steps", "round/online_clients"} <= set(scalars)
     assert any(tag.startswith("z_client/") and tag.endswith("/steps") for tag in scalars)
 
@@ -178,7 +178,7 @@ def test_the_round_logs_the_clock_to_tensorboard(tmp_path):
 def test_no_system_model_no_clock():
     engine = make_engine(FedAvg())
     engine.run_round(0)
-    assert engine.system is None and "sim_time_s" not in engine.history[0]
+    assert engine.system is None and engine.history[0].sim is None
 
 
 def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():
@@ -186,6 +186,6 @@ def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
     for r in range(3):
         engine.run_round(r)
-    assert all(r["skipped"] and r["failed"] == 0 and r["late_clients"] == 4 for r in engine.history)
+    assert all(r.skipped and r.failed == 0 and r.sim.late == 4 for r in engine.history)
     assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
     assert engine.clock > 0  # the rounds took their time all the same

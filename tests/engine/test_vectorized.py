@@ -142,8 +142,8 @@ def _assert_same(seq, vec, atol: float = ATOL) -> None:
             assert sa.keys() == sb.keys()
             for k in sa:
                 torch.testing.assert_close(sa[k], sb[k], rtol=1e-4, atol=atol)
-    assert [r["train_loss"] for r in a.history] == pytest.approx(
-        [r["train_loss"] for r in b.history], rel=1e-5
+    assert [r.train["train_loss"] for r in a.history] == pytest.approx(
+        [r.train["train_loss"] for r in b.history], rel=1e-5
     )
 
 
@@ -211,7 +211,7 @@ def test_vectorised_clients_equal_one_at_a_time_in_float64(tmp_path, monkeypatch
     (full, within) = sorted(vec[0].engine.executor.stacks.values(), key=lambda s: -s.size)
     assert (full.size, within.size) == (3, 2) and within.within is full
     assert full.chained == (net != "cnn")
-    fused = vec[0].history[-1]["vectorize"]["vectorize/fused_sgd"]
+    fused = vec[0].history[-1].vectorize["vectorize/fused_sgd"]
     assert fused == float(case.startswith("fused"))
     _assert_same(seq, vec, atol=1e-9)
 
@@ -236,7 +236,7 @@ def test_deployed_models_evaluate_together_with_the_metrics_of_one_at_a_time(
 def test_auto_trains_the_rounds_clients_together_within_the_memory_budget(tmp_path):
     vec = _fit(tmp_path, "FedAvg", "auto", "mlp", rounds=2, data_kw={"num_clients": 5})
     assert vec[0].engine.executor.max_group == 5 and _vectorised(vec[0])
-    assert vec[0].history[-1]["vectorize"]["vectorize/group_size"] == 5.0
+    assert vec[0].history[-1].vectorize["vectorize/group_size"] == 5.0
     small = _fit(tmp_path / "small", "FedAvg", "auto", "cnn", rounds=1, vectorize_memory_gb=1e-4)
     assert 1 <= small[0].engine.executor.max_group < 4  # ~100 KiB: fewer than the round's 4 clients
 
@@ -281,8 +281,8 @@ def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, mo
     wa, wb = global_weights(seq[0]), global_weights(vec[0])
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-4)
-    assert [r["train_loss"] for r in seq[0].history] == pytest.approx(
-        [r["train_loss"] for r in vec[0].history], abs=1e-4
+    assert [r.train["train_loss"] for r in seq[0].history] == pytest.approx(
+        [r.train["train_loss"] for r in vec[0].history], abs=1e-4
     )
 
 
@@ -425,7 +425,7 @@ def test_a_failing_client_is_excluded_as_in_the_sequential_round(tmp_path):
         module = make_module(FailOn(), vectorize=vectorize)
         make_trainer(tmp_path / str(vectorize), rounds=2).fit(module, datamodule=make_data())
         runs.append(module)
-    assert [r["failed"] for r in runs[1].history] == [0, 1] and _vectorised(runs[1])
+    assert [r.failed for r in runs[1].history] == [0, 1] and _vectorised(runs[1])
     wa, wb = global_weights(runs[0]), global_weights(runs[1])
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=ATOL)
@@ -533,7 +533,7 @@ def test_vectorised_clients_equal_sequential_clients_on_cuda(tmp_path, strategy)
         return module
 
     seq, vec = fit(1), fit(4)
-    assert _vectorised(vec) and vec.history[-1]["peak_memory_gb"] > 0
+    assert _vectorised(vec) and vec.history[-1].peak_memory_gb > 0
     wa, wb = global_weights(seq), global_weights(vec)
     for k in wa:
         torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
@@ -567,7 +567,7 @@ def test_the_linear_chain_on_cuda_equals_sequential_clients(tmp_path, monkeypatc
     seq, vec = fit(1), fit(4)
     (stack,) = vec.engine.executor.stacks.values()
     assert _vectorised(vec) and stack.chained
-    assert vec.history[-1]["vectorize"]["vectorize/fused_sgd"] == float(client_kw.get("momentum", 0.9) == 0)
+    assert vec.history[-1].vectorize["vectorize/fused_sgd"] == float(client_kw.get("momentum", 0.9) == 0)
     wa, wb = global_weights(seq), global_weights(vec)
     for k in wa:
         torch.testing.assert_close(wa[k].cpu(), wb[k].cpu(), rtol=0, atol=1e-4)
@@ -624,8 +624,8 @@ def test_a_group_that_cannot_be_stacked_for_a_declared_reason_is_retrained_one_c
             runs.append(module)
     notices = [r.getMessage() for r in caplog.records if "trained one at a time" in r.getMessage()]
     assert len(notices) == 1 and notices[0].endswith("trained one at a time: needs one client")
-    assert [r["failed"] for r in runs[1].history] == [0, 0]
-    assert [r["vectorised_clients"] for r in runs[1].history] == [0, 0]
+    assert [r.failed for r in runs[1].history] == [0, 0]
+    assert [r.vectorised_clients for r in runs[1].history] == [0, 0]
     wa, wb = global_weights(runs[0]), global_weights(runs[1])
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -69,7 +69,7 @@ def test_flower_rounds_equal_fit(tmp_path, overrides):
         if m.metadata.message_type == MessageType.TRAIN
     ]
     assert trained == [c for r in range(3) for c in sample_clients(4, 2, 0, r)]
-    assert [h["failed"] for h in module.history] == [0, 0, 0]
+    assert [h.failed for h in module.history] == [0, 0, 0]
     for key in ("train_loss", "global/acc", "bytes_up"):
         assert [h[key] for h in module.history] == [h[key] for h in fit.history], key
 
@@ -118,7 +118,7 @@ def test_a_client_error_in_a_round_skips_only_that_client(tmp_path):
     grid.fail_train.add(1000 + first)
     initial = load_federation(RECIPE).module.client.state_dict()
     module, _ = _run(tmp_path, ["--model.eval_clients_every=0"], rounds=1, grid=grid)
-    assert module.history[0]["failed"] == 1
+    assert module.history[0].failed == 1
     assert max_diff(dict(initial), dict(module.client.state_dict())) > 0  # the other client's upload
 
 
@@ -165,7 +165,7 @@ def test_resuming_a_run_whose_nodes_kept_client_state_is_refused(tmp_path):
     """SCAFFOLD's c_i lived on the nodes (a Flower run's context): a checkpoint does not hold it, so a
     resume (a new Flower run, or fit) would restart it from zero: one line instead."""
     module, _ = _run(tmp_path, SCAFFOLD, rounds=1)
-    assert module.history[0]["client_held_state"]
+    assert module.history[0].client_held_state
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     with pytest.raises(ConfigError, match="kept their state on their Flower nodes"):
         fit_on_grid(

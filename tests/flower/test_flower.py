@@ -51,7 +51,7 @@ def test_flower_simulation_equals_fit(tmp_path, overrides):
     finally:  # Ray installs its own (SIGTERM: sys.exit(15)); later tests expect the process's own
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert [h["failed"] for h in out["history"]] == [0, 0, 0]
+    assert [h.failed for h in out["history"]] == [0, 0, 0]
     assert (tmp_path / "lightning_logs" / "version_0" / "summary.json").is_file()
     assert max_diff(out["weights"], fit_weights(tmp_path, overrides=overrides)) <= 1e-5
 

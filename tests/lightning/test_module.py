@@ -78,8 +78,8 @@ def test_resume_from_a_mid_run_checkpoint_is_identical(tmp_path):
     assert sorted(full.store.state_dict()) == sorted(resumed.store.state_dict())
     for cid, state in full.store.state_dict().items():
         assert torch.equal(state["drift"], resumed.store.get(cid)["drift"])
-    assert [r["round"] for r in resumed.history] == list(range(5))
-    assert [r["this_run"] for r in resumed.history] == [False, False, True, True, True]
+    assert [r.round for r in resumed.history] == list(range(5))
+    assert [r.this_run for r in resumed.history] == [False, False, True, True, True]
 
 
 def test_checkpoint_from_a_different_config_is_rejected(tmp_path):
@@ -141,7 +141,7 @@ def test_user_callbacks_get_lightning_and_federated_hooks(fit):
             self.events.append(("client", round, result.client_id, total))
 
         def on_round_end(self, trainer, pl_module, round, record):
-            self.events.append(("round_end", round, record["clients"]))
+            self.events.append(("round_end", round, record.clients))
 
     class Plain(Callback):
         def __init__(self):
@@ -215,8 +215,8 @@ def test_communicated_bytes_match_the_model_size(fit):
     module = make_module(clients_per_round=3)
     fit(module, rounds=2)
     model_bytes = sum(p.numel() * p.element_size() for p in module.client.parameters())
-    assert [r["bytes_down"] for r in module.history] == [3 * model_bytes] * 2
-    assert [r["bytes_up"] for r in module.history] == [3 * model_bytes] * 2
+    assert [r.bytes_down for r in module.history] == [3 * model_bytes] * 2
+    assert [r.bytes_up for r in module.history] == [3 * model_bytes] * 2
 
 
 def test_validate_and_test_evaluate_the_global_model(tmp_path):

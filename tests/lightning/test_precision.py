@@ -27,7 +27,7 @@ def test_precision_flags_train_and_evaluate(fit, precision):
     start = global_weights(module)
     data = make_data()
     trainer = fit(module, rounds=2, precision=precision, data=data)
-    assert [(r["clients"], r["failed"]) for r in module.history] == [(4, 0), (4, 0)]
+    assert [(r.clients, r.failed) for r in module.history] == [(4, 0), (4, 0)]
     weights = global_weights(module)
     expected = torch.float64 if precision == "64-true" else torch.float32
     assert all(v.dtype == expected for v in weights.values())

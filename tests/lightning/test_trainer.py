@@ -59,7 +59,7 @@ def test_a_plain_trainer_validates_once_after_the_last_round(tmp_path):
     """What the builder is for: Lightning's epoch defaults see one validation in a 3-round run."""
     plain = Trainer(max_steps=3, default_root_dir=tmp_path, logger=False, enable_checkpointing=False, **FAST)
     module = _fit(plain)
-    assert [r["round"] for r in module.history if "global/acc" in r] == [2]
+    assert [r.round for r in module.history if "global/acc" in r.metrics] == [2]
 
 
 def test_what_is_given_is_kept(tmp_path):

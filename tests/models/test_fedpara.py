@@ -107,8 +107,8 @@ def test_the_wrapper_replaces_every_layer_and_trains(fit):
     start = {n: p.detach().clone() for n, p in module.client.named_parameters()}
     fit(module, rounds=1, data=make_data())
     (record,) = module.history
-    assert (record["clients"], record["failed"]) == (4, 0)
-    assert record["bytes_up"] == 4 * 1580 * 4  # every client uploads the factors (float32), not dense weights
+    assert (record.clients, record.failed) == (4, 0)
+    assert record.bytes_up == 4 * 1580 * 4  # every client uploads the factors (float32), not dense weights
     # every factor got a gradient and was aggregated: it moved by >= 1e-4 here, where the weighted mean
     # of identical values alone moves a tensor by float32 round-off (~1e-7)
     for n, p in module.client.named_parameters():

@@ -66,8 +66,8 @@ def test_fedcm_sends_two_models_down_and_one_up(fit):
     module = make_module(FedCM(), clients_per_round=3)
     fit(module, rounds=2)
     model_bytes = sum(p.numel() * p.element_size() for p in module.client.parameters())
-    assert [r["bytes_down"] for r in module.history] == [2 * 3 * model_bytes] * 2
-    assert [r["bytes_up"] for r in module.history] == [3 * (model_bytes + 4)] * 2  # + K*lr, one float32
+    assert [r.bytes_down for r in module.history] == [2 * 3 * model_bytes] * 2
+    assert [r.bytes_up for r in module.history] == [3 * (model_bytes + 4)] * 2  # + K*lr, one float32
 
 
 def test_server_direction_survives_a_resume(tmp_path):

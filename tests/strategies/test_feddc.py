@@ -78,7 +78,7 @@ def test_feddc_communicates_two_models_each_way(fit):
     module = make_module(FedDC(), clients_per_round=3)
     fit(module, rounds=1)
     model_bytes = sum(p.numel() * p.element_size() for p in module.client.parameters())
-    assert module.history[0]["bytes_down"] == module.history[0]["bytes_up"] == 2 * 3 * model_bytes
+    assert module.history[0].bytes_down == module.history[0].bytes_up == 2 * 3 * model_bytes
 
 
 def test_drifts_and_variates_survive_a_resume(tmp_path):

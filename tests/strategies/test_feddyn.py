@@ -89,7 +89,7 @@ def test_feddyn_communicates_one_model_each_way(fit):
     module = make_module(FedDyn(), clients_per_round=2)
     fit(module, rounds=1)
     model_bytes = sum(p.numel() * p.element_size() for p in module.client.parameters())
-    assert module.history[0]["bytes_down"] == module.history[0]["bytes_up"] == 2 * model_bytes
+    assert module.history[0].bytes_down == module.history[0].bytes_up == 2 * model_bytes
 
 
 def test_duals_and_server_state_survive_a_resume(tmp_path):

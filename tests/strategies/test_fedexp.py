@@ -71,7 +71,7 @@ def test_clients_upload_their_squared_update_norm():
     for n, p in engine.model.named_parameters():  # w^{t+1} = w^t - eta * mean Delta
         torch.testing.assert_close(p.detach(), start[n] - eta * mean_delta[n], rtol=1e-4, atol=1e-6)
     model_bytes = sum(t.numel() * 4 for t in start.values())
-    assert engine.history[0]["bytes_up"] == 4 * (model_bytes + 4)
+    assert engine.history[0].bytes_up == 4 * (model_bytes + 4)
 
 
 def test_bad_eps_names_the_field():

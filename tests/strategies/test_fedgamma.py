@@ -40,8 +40,8 @@ def test_fedgamma_communicates_two_models_each_way(fit):
     a, b = make_module(FedAvg()), make_module(FedGamma())
     fit(a, rounds=1)
     fit(b, rounds=1)
-    assert b.history[0]["bytes_down"] == 2 * a.history[0]["bytes_down"]
-    assert b.history[0]["bytes_up"] == 2 * a.history[0]["bytes_up"]
+    assert b.history[0].bytes_down == 2 * a.history[0].bytes_down
+    assert b.history[0].bytes_up == 2 * a.history[0].bytes_up
 
 
 def test_fedgamma_bad_arguments_name_the_field():

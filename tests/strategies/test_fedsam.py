@@ -81,8 +81,8 @@ def test_fedsam_communicates_one_model_each_way(fit):
     a, b = make_module(FedAvg()), make_module(FedSAM())
     fit(a, rounds=1)
     fit(b, rounds=1)
-    assert a.history[0]["bytes_down"] == b.history[0]["bytes_down"]
-    assert a.history[0]["bytes_up"] == b.history[0]["bytes_up"]
+    assert a.history[0].bytes_down == b.history[0].bytes_down
+    assert a.history[0].bytes_up == b.history[0].bytes_up
 
 
 def test_fedsam_bad_arguments_name_the_field():

@@ -137,8 +137,8 @@ def test_fedsmoo_communicates_two_models_each_way(fit):
     a, b = make_module(FedAvg()), make_module(FedSMOO())
     fit(a, rounds=1)
     fit(b, rounds=1)
-    assert b.history[0]["bytes_down"] == 2 * a.history[0]["bytes_down"]
-    assert b.history[0]["bytes_up"] == 2 * a.history[0]["bytes_up"]
+    assert b.history[0].bytes_down == 2 * a.history[0].bytes_down
+    assert b.history[0].bytes_up == 2 * a.history[0].bytes_up
 
 
 def test_duals_and_global_perturbation_survive_a_resume(tmp_path):

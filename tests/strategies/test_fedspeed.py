@@ -60,9 +60,9 @@ def test_fedspeed_communicates_one_model_each_way(fit):
     a, b = make_module(FedAvg()), make_module(FedSpeed())
     fit(a, rounds=1)
     fit(b, rounds=1)
-    assert (a.history[0]["bytes_down"], a.history[0]["bytes_up"]) == (
-        b.history[0]["bytes_down"],
-        b.history[0]["bytes_up"],
+    assert (a.history[0].bytes_down, a.history[0].bytes_up) == (
+        b.history[0].bytes_down,
+        b.history[0].bytes_up,
     )
 
 

@@ -16,7 +16,7 @@ def test_nothing_is_communicated_and_the_global_model_stays_initial(fit):
     start = global_weights(module)
     fit(module, rounds=2)
     assert len(seen.uploads) == 8 and not seen.names()
-    assert all(r["bytes_up"] == 0 and r["bytes_down"] == 0 for r in module.history)
+    assert all(r.bytes_up == 0 and r.bytes_down == 0 for r in module.history)
     end = global_weights(module)
     assert all(torch.equal(start[k], end[k]) for k in start)
 

@@ -42,8 +42,8 @@ def test_mofedsam_sends_fedcms_two_vectors_down(fit):
     a, b, c = make_module(FedAvg()), make_module(MoFedSAM()), make_module(FedCM())
     for m in (a, b, c):
         fit(m, rounds=1)
-    assert b.history[0]["bytes_down"] == 2 * a.history[0]["bytes_down"] == c.history[0]["bytes_down"]
-    assert b.history[0]["bytes_up"] == c.history[0]["bytes_up"]
+    assert b.history[0].bytes_down == 2 * a.history[0].bytes_down == c.history[0].bytes_down
+    assert b.history[0].bytes_up == c.history[0].bytes_up
 
 
 def test_mofedsam_bad_arguments_name_the_field():

@@ -125,8 +125,8 @@ def test_scaffold_communicates_two_models_each_way(fit):
     module = make_module(Scaffold(), clients_per_round=3)
     fit(module, rounds=2)
     model_bytes = sum(p.numel() * p.element_size() for p in module.client.parameters())
-    assert [r["bytes_down"] for r in module.history] == [2 * 3 * model_bytes] * 2
-    assert [r["bytes_up"] for r in module.history] == [2 * 3 * model_bytes] * 2
+    assert [r.bytes_down for r in module.history] == [2 * 3 * model_bytes] * 2
+    assert [r.bytes_up for r in module.history] == [2 * 3 * model_bytes] * 2
 
 
 def test_convex_quadratics_reach_the_exact_global_minimiser():

@@ -100,7 +100,7 @@ def test_one_round_fit_is_fedavg_with_the_virtual_loss_and_calibration_in_every_
     runs = [make_module(s) for s in (FedAvg(), VHL(lam=0.5, virtual_per_class=5), HandVHL(0.5, virtual))]
     for module in runs:
         fit(module, rounds=1)
-        assert [(r["clients"], r["failed"]) for r in module.history] == [(4, 0)]
+        assert [(r.clients, r.failed) for r in module.history] == [(4, 0)]
     plain, vhl, hand = (global_weights(m) for m in runs)
     for k in plain:
         torch.testing.assert_close(vhl[k], hand[k])

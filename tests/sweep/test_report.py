@@ -66,7 +66,10 @@ def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path
 
     md = (out / "results.md").read_text()
     assert md in capsys.readouterr().out  # printed as written
-    assert "| row | seeds | final acc (%) | best-round acc, val or test* (%) | client acc (%) | rounds to 0.8 |" in md
+    head = (
+        "| row | seeds | final acc (%) | best-round acc, val or test* (%) | client acc (%) | rounds to 0.8 |"
+    )
+    assert head in md
     assert (
         "| a | 3 | 92.00 ± 2.00 | 96.00 ± 1.73 | 85.00 ± 5.00 | 3.0 ± 1.4 (2 of 3) | 4.50 ± 2.12 (2 of 3) "
         in md

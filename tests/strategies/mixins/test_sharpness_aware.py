@@ -131,5 +131,5 @@ def test_train_statistics_report_the_loss_at_w(fit):
     b = make_module(FedSAM(rho=0.0, clip_norm=None))
     fit(a, rounds=1)
     fit(b, rounds=1)
-    assert a.history[0]["train_loss"] == b.history[0]["train_loss"]
+    assert a.history[0].train["train_loss"] == b.history[0].train["train_loss"]
     assert all(torch.equal(global_weights(a)[k], global_weights(b)[k]) for k in global_weights(a))

@@ -289,11 +289,11 @@ def test_budget_stop_ends_fit_cleanly_and_a_resume_refuses_to_run(tmp_path, capl
     done = trainer.global_step
     assert 1 < done < 10 and len(first.history) == done
     assert any("stopping after round" in r.message and "privacy budget" in r.message for r in caplog.records)
-    eps = first.history[-1]["strategy"]["privacy/epsilon"]
+    eps = first.history[-1].strategy["privacy/epsilon"]
     assert eps <= 1.5 < first.strategy.epsilon(extra_rounds=1)
     ckpt = tmp_path / "ckpts" / "last.ckpt"
     saved = torch.load(ckpt, weights_only=True)
-    assert saved["global_step"] == done and "global/acc" in saved["fl_lightning"]["history"][-1]
+    assert saved["global_step"] == done and "global/acc" in saved["fl_lightning"]["history"][-1]["metrics"]
     with pytest.raises(RunError, match=f"^round {done} cannot run: the privacy budget") as info:
         _fit(tmp_path, module(), num_clients=20, rounds=60, ckpt_path=ckpt)
     assert "\n" not in str(info.value)
@@ -316,7 +316,7 @@ def test_resume_is_exact_with_adaptive_clipping(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.strategy.history == full.strategy.history == [(0.5, 3 / 8, 4)]
     assert resumed.strategy.current_clip == full.strategy.current_clip != 0.5
-    assert resumed.history[-1]["strategy"] == full.history[-1]["strategy"]
+    assert resumed.history[-1].strategy == full.history[-1].strategy
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -381,7 +381,7 @@ def test_dp_wraps_mean_aggregating_strategies(base, fit):
     module = make_module(DP(get_strategy(base), noise_multiplier=0.5, clip_norm=0.5), clients_per_round=2)
     fit(module, rounds=2)
     assert all(torch.isfinite(v).all() for v in module.client.state_dict().values())
-    assert [r["failed"] for r in module.history] == [0, 0]
+    assert [r.failed for r in module.history] == [0, 0]
     if base != "Local":  # Local uploads nothing: nothing released, nothing accounted
         assert module.history[-1]["strategy"]["privacy/epsilon"] > 0
 

@@ -75,12 +75,12 @@ def test_bytes_per_round_match_the_formula(cache, fit):
         held = (
             t >= 1 and (t - 1) % period != 0
         )  # unchanged since the client's last round (it trains every round)
-        assert record["bytes_up"] == clients * (full - (0 if sync else slow)), t
-        assert record["bytes_down"] == clients * (full - (slow if cache and held else 0)), t
+        assert record.bytes_up == clients * (full - (0 if sync else slow)), t
+        assert record.bytes_down == clients * (full - (slow if cache and held else 0)), t
     assert "strategy.held" in module.state_dict()  # the downlink record is checkpointed
     # uplink over one period is Algorithm 1's times fast_slow_ratio (the saving is not beta: the head and
     # atoms travel every round)
-    uplink = sum(r["bytes_up"] for r in module.history[:period])
+    uplink = sum(r.bytes_up for r in module.history[:period])
     ratio = fast_slow_ratio(slow=slow, fast=full - slow, period=period)
     assert uplink == pytest.approx(period * clients * full * ratio, rel=1e-12)
     assert 1 / period < ratio < 1
@@ -92,7 +92,7 @@ def test_period_one_is_bit_identical_to_the_base_strategy(fit):
     fit(b, rounds=3)
     wa, wb = global_weights(a), global_weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert [r["bytes_up"] for r in a.history] == [r["bytes_up"] for r in b.history]
+    assert [r.bytes_up for r in a.history] == [r.bytes_up for r in b.history]
 
 
 def test_partial_participation_sends_coefficients_to_clients_that_missed_an_update(fit):
@@ -106,7 +106,7 @@ def test_partial_participation_sends_coefficients_to_clients_that_missed_an_upda
         sampled = module.engine.sample(t)
         version = -(-t // 2)
         expected = sum(full - (slow if held[c] == version else 0) for c in sampled)
-        assert record["bytes_down"] == expected, t
+        assert record.bytes_down == expected, t
         for c in sampled:
             held[c] = version
 
@@ -115,7 +115,7 @@ def test_composes_with_personal_atoms(fit):
     module = _module(FastSlow(PersonalAtoms(), period=2))
     fit(module, rounds=3)
     assert any(k.startswith("local_atoms/") for k in module.store.get(0))
-    assert module.history[1]["bytes_up"] < module.history[0]["bytes_up"]
+    assert module.history[1].bytes_up < module.history[0].bytes_up
 
 
 def test_fast_atoms_only_sends_the_atoms_between_syncs(fit):
@@ -123,8 +123,8 @@ def test_fast_atoms_only_sends_the_atoms_between_syncs(fit):
     fit(module, rounds=2, limit_val_batches=0)
     state = module.client.state_dict()
     atoms = 4 * sum(state[n].numel() for n in atom_names(module.client))
-    assert module.history[0]["bytes_up"] == 4 * 4 * sum(t.numel() for t in state.values())
-    assert module.history[1]["bytes_up"] == 4 * atoms
+    assert module.history[0].bytes_up == 4 * 4 * sum(t.numel() for t in state.values())
+    assert module.history[1].bytes_up == 4 * atoms
 
 
 def test_slow_patterns_and_arguments():
@@ -175,8 +175,8 @@ def test_measured_bytes_of_sec_6_4_reading_follow_the_ratio(fit):
     state = module.client.state_dict()
     full = 4 * sum(t.numel() for t in state.values())
     atoms = 4 * sum(state[n].numel() for n in atom_names(module.client))
-    up = sum(r["bytes_up"] for r in module.history)
-    down = sum(r["bytes_down"] for r in module.history)
+    up = sum(r.bytes_up for r in module.history)
+    down = sum(r.bytes_down for r in module.history)
     assert up == 4 * (full + (period - 1) * atoms)  # 4 clients: the whole model once per period
     # down: the initial model, the sync round's aggregate once (round 1), atoms otherwise
     assert down == 4 * (2 * full + (period - 2) * atoms)

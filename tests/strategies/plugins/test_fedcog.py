@@ -51,8 +51,8 @@ def test_upload_is_the_base_methods_payload(base, fit):
     fit(a, rounds=2, callbacks=[plain])
     fit(b, rounds=2, callbacks=[wrapped])
     assert plain.seen == wrapped.seen and plain.seen  # same groups, names, shapes, dtypes
-    assert [r["bytes_up"] for r in a.history] == [r["bytes_up"] for r in b.history]
-    assert [r["bytes_down"] for r in a.history] == [r["bytes_down"] for r in b.history]
+    assert [r.bytes_up for r in a.history] == [r.bytes_up for r in b.history]
+    assert [r.bytes_down for r in a.history] == [r.bytes_down for r in b.history]
     assert not any(
         torch.equal(global_weights(a)[k], global_weights(b)[k]) for k in ["net.classifier.2.weight"]
     )
