@@ -230,24 +230,30 @@ def target_figure(rows: dict[str, list[RunFiles]], metric: str, target: float, o
     for ax, (clock, label, scale) in zip(axes[0], panels, strict=True):
         names, means, stds, notes = [], [], [], []
         for row, runs in rows.items():
+            names.append(row)
+            if not any(clock in c for r in runs for c in r.curves):
+                means.append(0.0)
+                stds.append(0.0)
+                notes.append("no clock")
+                continue
             hits = [to_target(r, tag, target, clock) for r in runs]
             got = [scale * h for h in hits if h is not None]
-            names.append(row)
             m, s = mean_std(got) if got else (0.0, 0.0)
             means.append(m)
             stds.append(s)
             notes.append(f"{len(got)}/{len(runs)}")
         bars = ax.bar(names, means, yerr=stds, capsize=4, color="tab:blue", alpha=0.8)
-        for bar, note in zip(bars, notes, strict=True):
+        for bar, note, err in zip(bars, notes, stds, strict=True):
             ax.annotate(
                 note,
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                (bar.get_x() + bar.get_width() / 2, bar.get_height() + err),
                 ha="center",
                 va="bottom",
                 fontsize=8,
-                xytext=(0, 2),
+                xytext=(0, 3),
                 textcoords="offset points",
             )
+        ax.margins(y=0.15)
         ax.set_ylabel(label)
         ax.set_xlabel("row (seeds that reached it / seeds)")
         ax.set_title(f"until {tag} >= {target:g}")
