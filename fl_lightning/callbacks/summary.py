@@ -313,11 +313,16 @@ def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
         "wall_time_s",
         "sim_time_s",
         "sim_time_to_target_s",
+        f"last_k_mean_global_{m}",
+        f"unseen_global_{m}",
+        "participation_gap",
+        "out_of_sample_gap",
     )
     out = {f"summary/{k}": float(summary[k]) for k in keys if summary.get(k) is not None}
     spread = summary.get(f"client_{m}")
     if spread:
-        out.update({f"summary/client_{m}_{k}": float(spread[k]) for k in ("mean", "std", "min")})
+        stats = ("mean", "std", "min", "bottom10", "p10")
+        out.update({f"summary/client_{m}_{k}": float(spread[k]) for k in stats if k in spread})
     out["summary/interrupted"] = float(bool(summary.get("interrupted")))
     return out
 

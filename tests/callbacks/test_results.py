@@ -81,3 +81,19 @@ def test_unseen_clients_must_be_a_fraction():
 
     with pytest.raises(ConfigError, match="data.unseen_clients"):
         make_data(unseen_clients=1.0)
+
+
+def test_each_transform_group_is_in_the_summary_and_global_is_their_union(tmp_path, caplog):
+    from fl_lightning.data import Rotation
+
+    module = make_module(clients_per_round=2)
+    transform = Rotation(k=2, global_test="per_group")
+    with caplog.at_level("INFO", logger="fl_lightning"):
+        folder, s = _fit(tmp_path, module, rounds=2, client_transform=transform)
+    curves = _rows(folder / "curves.csv")[-1]
+    assert s["group_global_acc"] == {
+        g: pytest.approx(float(curves[f"global/group{g}/acc"])) for g in ("0", "1")
+    }
+    assert "per group (global/acc is their union): group 0" in caplog.text
+    clients = _rows(folder / "clients.csv")
+    assert [int(c["group"]) for c in clients] == [transform.group_of(c) for c in range(4)]
