@@ -14,7 +14,7 @@ import pytest
 from fl_lightning.report import discover, report
 from fl_lightning.report.figures import band_by_round, band_by_time
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _csv(path: Path, rows: list[dict]) -> None:
