@@ -293,7 +293,8 @@ def clients_table(
 
 def group_fields(rows: Sequence[RoundRow], metric: str) -> dict[str, Any]:
     """``group_global_<m>``: each transform group's global metric in the last round that has them
-    (``global/group<g>/<m>``; ``global/*`` is their union), keyed by group; empty without groups."""
+    (``global/group<g>/<m>``), keyed by group, and ``global_is_union_of_groups`` (``global/*`` evaluates
+    the union of the groups' test passes); empty without groups."""
     prefix, suffix = "global/group", f"/{metric}"
     for r in reversed(rows):
         groups = {
@@ -302,7 +303,8 @@ def group_fields(rows: Sequence[RoundRow], metric: str) -> dict[str, Any]:
             if k.startswith(prefix) and k.endswith(suffix)
         }
         if groups:
-            return {f"group_global_{metric}": dict(sorted(groups.items(), key=lambda kv: int(kv[0])))}
+            ordered = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))
+            return {f"group_global_{metric}": ordered, "global_is_union_of_groups": True}
     return {}
 
 

@@ -75,6 +75,15 @@ class FederatedSummary(Callback):
     numbers are on (``"validation"`` with ``data.val_fraction > 0``, else ``"test"``; evaluate a
     checkpoint on the test set with ``test``), and ``interrupted``.
 
+    Which round each number reports is named: ``final_global_<m>``, ``best_val_global_<m>`` (with a
+    validation split) or ``best_test_global_<m>`` with ``best_test_optimistic`` (the round chosen on the test
+    numbers), ``last_k_mean_global_<m>`` (the last ``last_k`` evaluations); ``best_global_<m>`` and
+    ``best_round`` stay for older readers. The per-client fields (``client_global_<m>``,
+    ``client_personal_<m>``, the unseen clients and Yuan et al.'s gaps, ``group_global_<m>``) are
+    :func:`~fl_lightning.callbacks.results.outcome_fields` and
+    :func:`~fl_lightning.callbacks.results.group_fields`; ``curves.csv`` and ``clients.csv`` are written
+    beside ``summary.json``.
+
     A run that stops early (an exception such as every client failing, Ctrl-C, SIGTERM) still
     writes ``summary.json`` for the rounds it completed, with ``"interrupted": true`` and the
     ``reason``; its per-client spread is left out (the final model is not evaluated on the way out).
