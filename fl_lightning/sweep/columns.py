@@ -186,6 +186,15 @@ def _spread_columns() -> list[Column]:
     return out
 
 
+def spec_alias(name: str) -> str:
+    """The column a name means: the spread columns also answer to the metric's spelling
+    (``client_acc_p10`` is ``client_p10``, ``client_global_o_f1_worst`` is ``client_global_worst``)."""
+    match = re.fullmatch(r"client_(global_)?(?:acc|o_f1)_(\w+)", name)
+    if match and match[2] in SPREAD_COLUMNS:
+        return f"client_{match[1] or ''}{match[2]}"
+    return name
+
+
 #: ``<tag>@<clock>=<budget>`` (the metric when the budget was spent) and ``<clock>_to@<target>`` (the clock
 #: when the global metric first reached the target), read from each run's curves.csv.
 CLOCK_COLUMN = re.compile(

@@ -21,6 +21,7 @@ from fl_lightning.sweep.columns import (
     Column,
     clock_column,
     custom_column,
+    spec_alias,
 )
 
 TOP_KEYS = (
@@ -435,7 +436,8 @@ def _columns(value: Any, target: tuple[str | None, float] | None) -> tuple[list[
             out.append(custom_column(spec, f"columns[{i}]"))
         elif isinstance(spec, str) and clock_column(spec, f"columns[{i}]") is not None:
             out.append(clock_column(spec, f"columns[{i}]"))  # type: ignore[arg-type]
-        elif isinstance(spec, str) and spec in COLUMNS:
+        elif isinstance(spec, str) and spec_alias(spec) in COLUMNS:
+            spec = spec_alias(spec)
             if spec.endswith("to_target") and target is None:
                 raise ConfigError(f"columns: {spec} needs a target: (e.g. target: 0.9)")
             out.append(COLUMNS[spec])

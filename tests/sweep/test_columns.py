@@ -104,3 +104,12 @@ def test_the_per_client_and_named_round_columns(tmp_path, key, value):
     }
     got = COLUMNS[key].read(RunData(tmp_path, s, None))
     assert got == (None if value is None else pytest.approx(value))
+
+
+def test_the_spread_columns_answer_to_the_metrics_spelling():
+    from fl_lightning.sweep.columns import spec_alias
+
+    assert spec_alias("client_acc_p10") == "client_p10"
+    assert spec_alias("client_global_o_f1_worst") == "client_global_worst"
+    assert spec_alias("client_acc_nonsense") == "client_acc_nonsense"
+    assert spec_alias("final") == "final"
