@@ -33,6 +33,24 @@ TABLE = (
 )
 
 
+#: What each figure shows, under it on the page.
+CAPTIONS = {
+    "curve_rounds": "The global model on the split global/* evaluates, per row: the mean over seeds of "
+    "each round's curves.csv cell, the band ± the sample std (at the rounds every seed evaluated).",
+    "curve_sim": "The same against the simulated clock: at each time a seed evaluated, the mean ± std "
+    "of every seed's last value at or before it, up to the shortest seed's end.",
+    "curve_personal": "Every client's deployed model on its local test split, merged over clients "
+    "(personal/*).",
+    "clients_final": "Final per-client metric of the deployed model (clients.csv), the participating "
+    "clients of every seed pooled; the triangle is the mean of the worst 10%.",
+    "groups": "Each client-transform group's global curve; the dashed line is global/*, their union.",
+    "to_target": "Simulated time and MiB (down + up) until global/* first reached the target, mean ± std "
+    "over the seeds that reached it (their count above each bar).",
+    "clients_scatter": "Each client's final metric against its heterogeneity (clients.csv); open "
+    "circles: unseen clients.",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fl_lightning report",
@@ -129,7 +147,8 @@ def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) ->
         data = base64.b64encode(png.read_bytes()).decode()
         parts.append(
             f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(png.stem)} (also {html.escape(png.with_suffix('.svg').name)})"
+            f"<figcaption>{html.escape(CAPTIONS.get(png.stem, ''))} <i>{html.escape(png.name)}, "
+            f"{html.escape(png.with_suffix('.svg').name)}</i>"
             "</figcaption></figure>"
         )
     parts.append("<h2>Configs</h2>")
