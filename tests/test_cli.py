@@ -885,6 +885,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         ("datasets (--data.dataset=NAME)", "digits"),
         ("partitions (--data.partition=NAME)", "DirichletWithReplacement"),
         ("partitions (--data.partition=NAME)", "QuantitySkew"),
+        ("partitions (--data.partition=NAME)", "LabelQuantity"),
         ("transforms (--data.client_transform=NAME)", "LabelPermutation"),
         ("models (model.client.init_args.net", "CharLSTM"),
         ("datasets (--data.dataset=NAME)", "fedprox_synthetic"),

@@ -130,6 +130,10 @@ class Strategy(nn.Module):
     #: The client hooks follow the vectorised-clients contract (module docstring): ``True`` or a
     #: :class:`Vectorizable`; read from the class's own body only, never inherited.
     vectorizable: ClassVar[Vectorizable | bool] = False
+    #: The plug-ins (class names) that may wrap this strategy; None: any. A strategy whose server holds
+    #: several models (IFCA, CFL) names the few whose hooks do not assume one global model; any other plug-in
+    #: around it is a one-line error when the plug-in is built.
+    allowed_plugins: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -417,6 +421,15 @@ class StrategyWrapper(Strategy):
 
     def __init__(self, base: Strategy) -> None:
         super().__init__(server_lr=base.server_lr)
+        for part in _chain(base):
+            allowed = type(part).allowed_plugins
+            if allowed is not None and type(self).__name__ not in allowed:
+                takes = ", ".join(allowed) if allowed else "no plug-in"
+                raise ConfigError(
+                    f"model.strategy: {type(self).__name__} cannot wrap {type(part).__name__}, whose server "
+                    f"keeps several models ({type(self).__name__} assumes one global model); "
+                    f"{type(part).__name__} takes {takes}"
+                )
         self.base = base
 
     def setup(self, model: nn.Module, num_clients: int) -> None:

@@ -216,6 +216,15 @@ def _unknown_class(
     leaf = given.rpartition(".")[2]
     near = close_names(leaf, names) if names else []
     own = f"a {kind} of your own is named by its class path: --{field}=my_package.my_module.{leaf}"
+    if registry and given in names:  # ours, and another library's class has the same name (torchvision's MLP)
+        package = {"model": "fl_lightning.models", "strategy": "fl_lightning.strategies"}.get(
+            kind, "fl_lightning"
+        )
+        path = f"{package}.{given}"
+        return (
+            f"{field}: {given!r} names more than one class of the libraries loaded; give its class path, "
+            f"--{field}={path}"
+        )
     if near:
         same = near[0].lower() == given.lower()  # a known name in another case: not a class of one's own
         return f"{field}: {given!r} is not a known {kind}; {did_you_mean(near)}" + (

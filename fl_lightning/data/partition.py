@@ -8,7 +8,8 @@ wrappers around them (``data.partition`` in the YAML config) with a name registr
 Three families are provided:
 
 * **Without replacement** (:func:`iid_partition`, :func:`dirichlet_partition`,
-  :func:`pathological_partition`): every training sample goes to at most one client.
+  :func:`pathological_partition`, :func:`label_quantity_partition`): every training sample goes to at
+  most one client.
 * **With replacement** (:func:`refill_partition` and its wrappers): the FedDyn / FL-Simulator
   sampler used by the FedSMOO paper. Clients have equal sizes, a sample may be held by several
   clients (and, after a class pool is refilled, twice by the same client), and the per-class totals
@@ -16,13 +17,19 @@ Three families are provided:
 * **Natural** (:class:`NaturalUsers`): one client per user of a dataset that has users.
 
 :func:`quantity_skew_partition` (IID labels, unequal sizes) and :func:`mixed_partition` (label and quantity
-skew) are NIID-Bench's quantity and mixed skews (without replacement).
+skew) are NIID-Bench's quantity and mixed skews (without replacement); :func:`label_quantity_partition` is its
+label-quantity skew ``noniid-#label{k}`` (``#C=k``). Two splits give every client ``k`` classes and differ
+in structure: :class:`Pathological` (the FedAvg paper's shards, dealt round-robin: every class has the same
+number of holders, every client the same size) and :class:`LabelQuantity` (NIID-Bench's: client ``i`` holds
+class ``i mod K`` and ``k - 1`` random ones, so classes have unequal numbers of holders and clients unequal
+sizes).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -34,6 +41,7 @@ __all__ = [
     "PARTITIONERS",
     "Dirichlet",
     "DirichletWithReplacement",
+    "LabelQuantity",
     "MixedSkew",
     "NaturalUsers",
     "Partitioner",
@@ -45,6 +53,7 @@ __all__ = [
     "dirichlet_with_replacement",
     "get_partitioner",
     "iid_partition",
+    "label_quantity_partition",
     "list_partitioners",
     "mixed_class_assignment",
     "mixed_partition",
@@ -137,6 +146,58 @@ def _sorted_parts(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+#: The run-away guard of the redraw loops: no valid setting comes near it (NIID-Bench's quantity skew at
+#: beta = 0.1 with 10 parties needs a median of ~200 draws, ~1,400 at worst).
+RUNAWAY_DRAWS = 1_000_000
+
+#: Array cells (floats) one batch of redraws may take; bounds the batch size of large federations.
+_BATCH_CELLS = 1 << 22
+
+
+def _first_valid_draw(
+    draw: Callable[[int], tuple[np.ndarray, object]], cells_per_draw: int, min_size: int, max_draws: int
+) -> tuple[object, int, int]:
+    """Redraw until valid, in vectorised batches: the first draw whose every client has ``min_size``.
+
+    ``draw(b)`` makes ``b`` independent draws and returns their ``[b, m]`` client sizes and whatever the
+    caller needs to build the partition from a draw (indexed by the draw's row). The batches grow 1, 2,
+    4, ... up to 256 draws (fewer when a draw is large), and the first valid draw of the whole sequence is
+    accepted, so the accepted draw has exactly the distribution of NIID-Bench's one-at-a-time
+    redraw-until-valid loop (the draws are i.i.d.; where the first draw is valid, the random stream used is
+    the same as drawing once). Only the draws after the accepted one within its batch are wasted.
+
+    Returns:
+        ``(payload, row, draws)``: the accepted batch's payload, the accepted draw's row in it, and the
+        number of draws made up to and including it; ``row`` is -1 if none of ``max_draws`` was valid.
+    """
+    cap = max(1, min(256, _BATCH_CELLS // max(1, cells_per_draw)))
+    batch, drawn, payload = 1, 0, None
+    while drawn < max_draws:
+        b = min(batch, max_draws - drawn)
+        sizes, payload = draw(b)
+        ok = np.flatnonzero(sizes.min(axis=1) >= min_size)
+        if len(ok):
+            return payload, int(ok[0]), drawn + int(ok[0]) + 1
+        drawn += b
+        batch = min(2 * batch, cap)
+    return payload, -1, drawn
+
+
+def _runaway_error(min_size: int, draws: int, setting: str) -> ConfigError:
+    return ConfigError(
+        f"data.partition.min_size={min_size} was met by none of {draws} draws ({setting}); that is the "
+        "run-away guard, far beyond what a valid setting needs, so this setting (all but) never gives every "
+        "client that many; lower data.partition.min_size, raise data.partition.alpha or use fewer "
+        "data.num_clients"
+    )
+
+
+def _check_max_draws(max_draws: int) -> int:
+    if isinstance(max_draws, bool) or not isinstance(max_draws, (int, np.integer)) or max_draws < 1:
+        raise ValueError(f"max_draws={max_draws!r} must be an integer >= 1")
+    return int(max_draws)
+
+
 # ------------------------------------------------------------------------------ without replacement
 def iid_partition(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Uniform random split: shuffle the indices and cut them into ``m`` near-equal chunks.
@@ -161,15 +222,20 @@ def dirichlet_partition(
     alpha: float,
     rng: np.random.Generator,
     min_size: int = 10,
-    max_tries: int = 1000,
+    max_draws: int = RUNAWAY_DRAWS,
 ) -> list[np.ndarray]:
     """Label-skewed split with per-class Dirichlet proportions (Hsu et al., 2019).
 
     For every class ``k`` draw proportions ``p_k ~ Dir(alpha * 1_m)`` over the ``m`` clients and cut
     the class's shuffled indices into ``m`` consecutive pieces of sizes ``floor(cumsum(p_k) * n_k)``
-    differences. The whole partition is redrawn until every client holds at least ``min_size``
-    samples. Small ``alpha`` gives each client few dominant classes; large ``alpha`` approaches IID.
-    Sampling is without replacement: every sample goes to exactly one client.
+    differences. The whole partition (all classes' proportions) is redrawn until every client holds at
+    least ``min_size`` samples, as NIID-Bench's ``noniid-labeldir`` loop does (it requires 10): the accepted
+    draw is the first valid one of a sequence of independent draws, made in vectorised batches
+    (:func:`_first_valid_draw`), so it has exactly the distribution of one-at-a-time redraws (for the same
+    ``rng``, the same class counts per client) and thousands of redraws take milliseconds. Small ``alpha``
+    gives each client few dominant classes; large ``alpha`` approaches IID. Sampling is without
+    replacement: every sample goes to exactly one client. (NIID-Bench's loop also zeroes, while dealing
+    the classes, the share of a party that already holds ``N / m`` samples; this split does not.)
 
     Reference: T.-M. H. Hsu, H. Qi, M. Brown, "Measuring the Effects of Non-Identical Data
     Distribution for Federated Visual Classification", arXiv:1909.06335, 2019.
@@ -180,52 +246,50 @@ def dirichlet_partition(
         alpha: Dirichlet concentration, > 0.
         rng: Source of randomness.
         min_size: Minimum number of samples per client.
-        max_tries: Number of redraws before giving up.
+        max_draws: Run-away guard on the number of draws (default :data:`RUNAWAY_DRAWS`, far beyond what
+            any valid setting needs: a draw is valid with positive probability whenever ``min_size * m <=
+            N``, but it can be astronomically small when ``min_size`` is close to ``N / m``).
 
     Returns:
         ``m`` sorted int64 index arrays covering every index exactly once.
 
     Raises:
-        ConfigError: For ``alpha <= 0``, a bad ``min_size``/``num_clients``, if ``min_size * m > N``,
-            or if no draw met ``min_size`` within ``max_tries`` attempts.
+        ConfigError: For ``alpha <= 0``, a bad ``min_size``/``num_clients``, if ``min_size * m > N``
+            (impossible), or if no draw met ``min_size`` within ``max_draws`` draws (the run-away guard).
     """
     y = _as_labels(labels)
     n = len(y)
     check_num_clients(n, num_clients)
     alpha = _check_alpha(alpha)
     min_size = _check_min_size(min_size)
-    if max_tries < 1:
-        raise ValueError(f"max_tries={max_tries} must be >= 1")
+    max_draws = _check_max_draws(max_draws)
     if min_size * num_clients > n:
         raise ConfigError(
             f"data.partition.min_size={min_size} is impossible: {num_clients} clients x {min_size} > the {n} "
             f"training samples; use data.partition.min_size <= {n // num_clients} or fewer data.num_clients"
         )
     per_class = [idx for idx in _class_indices(y) if len(idx)]
+    counts = np.array([len(idx) for idx in per_class], dtype=np.int64)
     conc = np.full(num_clients, alpha)
-    for _ in range(max_tries):
-        cuts = []
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        for idx in per_class:
-            p = _dirichlet_rows(rng, conc, 1)[0]
-            edges = np.concatenate(([0], (np.cumsum(p) * len(idx)).astype(np.int64)))
-            edges[-1] = len(idx)  # guard against float round-off in the last cumulative share
-            edges = np.maximum.accumulate(edges)
-            cuts.append(edges)
-            sizes += np.diff(edges)
-        if sizes.min() >= min_size:
-            break
-    else:
-        raise ConfigError(
-            f"data.partition.min_size={min_size} was not met by any of {max_tries} Dirichlet draws "
-            f"(alpha={alpha}, {num_clients} clients, {n} samples); lower data.partition.min_size, "
-            "raise data.partition.alpha or use fewer data.num_clients"
-        )
+
+    def draw(b: int) -> tuple[np.ndarray, np.ndarray]:
+        # b draws x one Dir(alpha 1_m) row per class, in the order of one-at-a-time draws
+        p = _dirichlet_rows(rng, conc, b * len(per_class)).reshape(b, len(per_class), num_clients)
+        edges = np.zeros((b, len(per_class), num_clients + 1), dtype=np.int64)
+        edges[..., 1:] = (np.cumsum(p, axis=-1) * counts[None, :, None]).astype(np.int64)
+        edges[..., -1] = counts  # guard against float round-off in the last cumulative share
+        edges = np.maximum.accumulate(edges, axis=-1)
+        return np.diff(edges, axis=-1).sum(axis=1), edges
+
+    edges, row, draws = _first_valid_draw(draw, len(per_class) * num_clients, min_size, max_draws)
+    if row < 0:
+        raise _runaway_error(min_size, draws, f"Dirichlet alpha={alpha}, {num_clients} clients, {n} samples")
+    cuts = edges[row]  # type: ignore[index]
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for idx, edges in zip(per_class, cuts):
+    for idx, e in zip(per_class, cuts):
         shuffled = rng.permutation(idx)
         for i in range(num_clients):
-            parts[i].append(shuffled[edges[i] : edges[i + 1]])
+            parts[i].append(shuffled[e[i] : e[i + 1]])
     return _sorted_parts([np.concatenate(p) for p in parts])
 
 
@@ -241,6 +305,10 @@ def pathological_partition(
     Each class's shuffled indices are then split evenly (sizes differ by at most one) among the
     clients that hold it. Without replacement: no sample is duplicated and, when ``m*c >= C``, every
     sample is assigned.
+
+    This is *not* NIID-Bench's ``#C=k`` split (:func:`label_quantity_partition`): with 10 clients, 10 classes
+    and ``c = 2`` every class here has exactly two holders, every client the same size, and clients ``i``
+    and ``i + 5`` hold the same two classes (five disjoint two-class blocks).
 
     Reference: B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas, "Communication-Efficient
     Learning of Deep Networks from Decentralized Data", AISTATS 2017.
@@ -279,6 +347,74 @@ def pathological_partition(
                 f"data.partition.classes_per_client={c} with data.num_clients={num_clients} gives class {k} "
                 f"to {len(owners)} clients but it has only {len(idx)} samples; use fewer clients or classes "
                 "per client"
+            )
+        for owner, piece in zip(owners, np.array_split(rng.permutation(idx), len(owners))):
+            parts[owner].append(piece)
+    return _sorted_parts([np.concatenate(p) for p in parts])
+
+
+def label_quantity_partition(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Label-quantity skew ``#C=k``: NIID-Bench's ``noniid-#label{k}`` split.
+
+    Let ``K`` be the number of classes present (in ascending label order) and ``k`` the classes per client.
+    Client ``i`` holds class ``i mod K`` and ``k - 1`` further distinct classes, each drawn uniformly at
+    random among the classes it does not hold yet (NIID-Bench redraws a uniform class until it is new,
+    which is the same distribution). Then, class by class, the class's indices are shuffled and split
+    evenly (``np.array_split``: sizes differ by at most one) among the ``h`` clients that drew it, in
+    ascending client order. So classes have different numbers of holders (with 10 clients and ``k = 2``,
+    1 to 6 as a rule) and the clients' sizes differ. ``k = 1`` gives client ``i`` class ``i mod K`` alone;
+    ``k = K`` gives every client every class, a class-stratified near-equal split (NIID-Bench's
+    ``noniid-#label10`` branch, which it computes separately, is the same). All randomness (the extra
+    classes, the shuffles) comes from ``rng``, the classes drawn first.
+
+    A class that no client drew (possible only with fewer clients than classes) is unused: its samples go
+    to nobody. NIID-Bench's code cannot run that case (its ``np.array_split`` into zero parts fails).
+
+    Compare :func:`pathological_partition` (the FedAvg paper's shards): same number of classes per client,
+    but dealt round-robin, so every class has the same number of holders and every client the same size.
+
+    Reference: Q. Li, Y. Diao, Q. Chen, B. He, "Federated Learning on Non-IID Data Silos: An Experimental
+    Study", ICDE 2022, Sec. III-A (quantity-based label imbalance); ``utils.partition_data`` of
+    Xtra-Computing/NIID-Bench (``noniid-#label{k}``).
+
+    Args:
+        labels: 1-D int class labels of the training set.
+        num_clients: Number of clients ``m``.
+        classes_per_client: Classes per client ``k``, between 1 and the number of classes present.
+        rng: Source of randomness.
+
+    Returns:
+        ``m`` sorted int64 index arrays; client ``i``'s labels are exactly its ``k`` classes.
+
+    Raises:
+        ConfigError: If ``k`` is out of range, or a class has fewer samples than clients holding it.
+    """
+    y = _as_labels(labels)
+    check_num_clients(len(y), num_clients)
+    per_class = _class_indices(y)
+    present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
+    num_classes = len(present)
+    c = _check_classes_per_client(classes_per_client, num_classes)
+    holders: list[list[int]] = [[] for _ in range(num_classes)]  # by position in ``present``
+    for i in range(num_clients):
+        mine = [i % num_classes]
+        while len(mine) < c:
+            free = np.setdiff1d(np.arange(num_classes), mine)
+            mine.append(int(rng.choice(free)))
+        for j in mine:
+            holders[j].append(i)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for j, owners in enumerate(holders):
+        if not owners:
+            continue
+        idx = per_class[int(present[j])]
+        if len(idx) < len(owners):
+            raise ConfigError(
+                f"data.partition.classes_per_client={c} with data.num_clients={num_clients} gives class "
+                f"{int(present[j])} to {len(owners)} clients but it has only {len(idx)} samples; use fewer "
+                "clients or classes per client"
             )
         for owner, piece in zip(owners, np.array_split(rng.permutation(idx), len(owners))):
             parts[owner].append(piece)
@@ -458,10 +594,15 @@ def _check_positive_min_size(min_size: int) -> int:
 
 
 def _cuts(proportions: np.ndarray, n: int) -> np.ndarray:
-    """Cut points of ``n`` items in the shares ``proportions``: ``floor(cumsum(p) * n)``, last one ``n``."""
-    edges = np.concatenate(([0], (np.cumsum(proportions) * n).astype(np.int64)))
-    edges[-1] = n
-    return np.maximum.accumulate(edges)
+    """Cut points of ``n`` items in the shares ``proportions``: ``floor(cumsum(p) * n)``, last one ``n``.
+
+    ``proportions`` is one row of shares or a ``[b, m]`` batch of rows (cut points ``[b, m + 1]``).
+    """
+    p = np.asarray(proportions)
+    edges = np.zeros((*p.shape[:-1], p.shape[-1] + 1), dtype=np.int64)
+    edges[..., 1:] = (np.cumsum(p, axis=-1) * n).astype(np.int64)
+    edges[..., -1] = n
+    return np.maximum.accumulate(edges, axis=-1)
 
 
 def quantity_skew_partition(
@@ -470,15 +611,22 @@ def quantity_skew_partition(
     alpha: float,
     rng: np.random.Generator,
     min_size: int = 10,
-    max_tries: int = 1000,
+    max_draws: int = RUNAWAY_DRAWS,
 ) -> list[np.ndarray]:
     """Quantity skew with IID labels: Dirichlet client sizes (NIID-Bench's ``iid-diff-quantity``).
 
     Shuffle the indices; draw the clients' shares ``q ~ Dir(alpha * 1_m)`` until every client's size
     ``floor(cumsum(q) * N)`` differences is at least ``min_size``; cut the shuffled indices there. Labels
-    stay IID (every client's samples are a uniform draw); only the amounts differ. NIID-Bench redraws
-    until ``min(q) * N >= 10``, which can still leave a client 9 samples after the flooring; here the
-    integer sizes are checked, so every client holds at least ``min_size``.
+    stay IID (every client's samples are a uniform draw); only the amounts differ.
+
+    Redraw until valid, as NIID-Bench: its loop has no cap (at ``beta = 0.1`` with 10 parties it takes a
+    median of ~200 draws, up to ~1,400). Here the draws are made in vectorised batches and the first valid
+    draw of the sequence is accepted (:func:`_first_valid_draw`): exactly the distribution of one-at-a-time
+    redraws, and for the same ``rng`` the same accepted shares (numpy draws the rows of a batch in
+    sequence). Every setting with ``min_size * m <= N`` succeeds; only the run-away guard ``max_draws``
+    (far beyond any valid setting's needs) can stop it. NIID-Bench's check is ``min(q) * N >= 10`` on the
+    unrounded shares, which can still leave a client 9 samples after the flooring; here the integer sizes
+    are checked, so every client holds at least ``min_size``.
 
     Reference: Q. Li, Y. Diao, Q. Chen, B. He, "Federated Learning on Non-IID Data Silos: An Experimental
     Study", ICDE 2022, Sec. III-C (quantity skew); ``utils.partition_data`` of Xtra-Computing/NIID-Bench.
@@ -489,33 +637,36 @@ def quantity_skew_partition(
         alpha: Dirichlet concentration, > 0 (small: very unequal sizes).
         rng: Source of randomness.
         min_size: Minimum samples per client, >= 1.
-        max_tries: Redraws before giving up.
+        max_draws: Run-away guard on the number of draws (default :data:`RUNAWAY_DRAWS`).
 
     Returns:
         ``m`` sorted int64 index arrays covering every index exactly once.
 
     Raises:
-        ConfigError: For a bad ``alpha``/``min_size``, ``min_size * m > N``, or no draw within ``max_tries``.
+        ConfigError: For a bad ``alpha``/``min_size``, ``min_size * m > N`` (impossible), or no valid draw
+            within ``max_draws`` (the run-away guard).
     """
     check_num_clients(num_samples, num_clients)
     alpha = _check_alpha(alpha)
     min_size = _check_positive_min_size(min_size)
+    max_draws = _check_max_draws(max_draws)
     if min_size * num_clients > num_samples:
         raise ConfigError(
             f"data.partition.min_size={min_size} is impossible: {num_clients} clients x {min_size} > the "
             f"{num_samples} training samples; use data.partition.min_size <= {num_samples // num_clients}"
         )
     perm = rng.permutation(num_samples)
-    for _ in range(max_tries):
-        edges = _cuts(_dirichlet_rows(rng, np.full(num_clients, alpha), 1)[0], num_samples)
-        if np.diff(edges).min() >= min_size:
-            return _sorted_parts([perm[edges[i] : edges[i + 1]] for i in range(num_clients)])
-    raise ConfigError(
-        f"data.partition.min_size={min_size} was not met by any of {max_tries} Dirichlet draws "
-        f"(alpha={alpha}, "
-        f"{num_clients} clients, {num_samples} samples); lower it, raise data.partition.alpha or use fewer "
-        "data.num_clients"
-    )
+    conc = np.full(num_clients, alpha)
+
+    def draw(b: int) -> tuple[np.ndarray, np.ndarray]:
+        edges = _cuts(_dirichlet_rows(rng, conc, b), num_samples)
+        return np.diff(edges, axis=-1), edges
+
+    edges, row, draws = _first_valid_draw(draw, num_clients, min_size, max_draws)
+    if row < 0:
+        raise _runaway_error(min_size, draws, f"alpha={alpha}, {num_clients} clients, {num_samples} samples")
+    e = edges[row]  # type: ignore[index]
+    return _sorted_parts([perm[e[i] : e[i + 1]] for i in range(num_clients)])
 
 
 def mixed_class_assignment(
@@ -564,16 +715,17 @@ def mixed_partition(
     rng: np.random.Generator,
     classes_per_client: int = 2,
     min_size: int = 10,
-    max_tries: int = 1000,
+    max_draws: int = RUNAWAY_DRAWS,
 ) -> list[np.ndarray]:
     """Label skew plus quantity skew (NIID-Bench's ``mixed``).
 
     Each client holds ``c`` classes (:func:`mixed_class_assignment`: client ``i`` has class ``i mod C`` and
     ``c - 1`` balanced random ones); each class's shuffled samples are split among its ``h`` holders in
     shares ``Dir(alpha * 1_h)`` (NIID-Bench: ``Dir(beta, 2)`` between the two holders of each class), so
-    clients differ both in which labels they hold and in how many samples. The shares are redrawn until
-    every client holds at least ``min_size`` samples (NIID-Bench does not check; a client can end up
-    nearly empty there).
+    clients differ both in which labels they hold and in how many samples. The shares (all classes') are
+    redrawn until every client holds at least ``min_size`` samples (NIID-Bench does not check; a client can
+    end up nearly empty there), in vectorised batches whose first valid draw is accepted
+    (:func:`_first_valid_draw`): exactly the distribution of one-at-a-time redraws.
 
     Reference: Li et al., ICDE 2022, Sec. III-D (mixed skew); ``utils.partition_data`` of
     Xtra-Computing/NIID-Bench (``partition == "mixed"``).
@@ -585,15 +737,21 @@ def mixed_partition(
         rng: Source of randomness.
         classes_per_client: Classes per client ``c``.
         min_size: Minimum samples per client, >= 1.
-        max_tries: Redraws of the shares before giving up.
+        max_draws: Run-away guard on the number of draws of the shares (default :data:`RUNAWAY_DRAWS`).
 
     Returns:
         ``m`` sorted int64 index arrays; every sample of a held class is assigned once.
+
+    Raises:
+        ConfigError: For bad arguments; if ``min_size`` is impossible (more than the held samples, or more
+            than a client's classes hold); or if no draw within ``max_draws`` met it (the run-away guard,
+            which also catches a class assignment that cannot feed every client ``min_size``).
     """
     y = _as_labels(labels)
     check_num_clients(len(y), num_clients)
     alpha = _check_alpha(alpha)
     min_size = _check_positive_min_size(min_size)
+    max_draws = _check_max_draws(max_draws)
     per_class = _class_indices(y)
     present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
     assignment = mixed_class_assignment(num_clients, present, classes_per_client, rng)
@@ -601,23 +759,39 @@ def mixed_partition(
     for i, ks in enumerate(assignment):
         for k in ks:
             owners[k].append(i)
+    held = {k: who for k, who in owners.items() if who}
+    reach = [sum(len(per_class[k]) for k in ks) for ks in assignment]
+    total = sum(len(per_class[k]) for k in held)
+    if min_size * num_clients > total or min(reach) < min_size:
+        worst = int(np.argmin(reach))
+        raise ConfigError(
+            f"data.partition.min_size={min_size} is impossible: {num_clients} clients share {total} samples "
+            f"of their classes and client {worst}'s classes hold {reach[worst]}; use "
+            f"data.partition.min_size <= {min(total // num_clients, min(reach))} or fewer data.num_clients"
+        )
     shuffled = {k: rng.permutation(per_class[k]) for k in owners}
-    for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        for k, who in owners.items():
-            if not who:
-                continue
-            edges = _cuts(_dirichlet_rows(rng, np.full(len(who), alpha), 1)[0], len(shuffled[k]))
-            for j, i in enumerate(who):
-                parts[i].append(shuffled[k][edges[j] : edges[j + 1]])
-        sizes = [sum(len(p) for p in ps) for ps in parts]
-        if min(sizes) >= min_size:
-            return _sorted_parts([np.concatenate(ps) for ps in parts])
-    raise ConfigError(
-        f"data.partition.min_size={min_size} was not met by any of {max_tries} draws (alpha={alpha}, "
-        f"{num_clients} clients, {classes_per_client} classes each); lower it, raise data.partition.alpha "
-        "or use fewer data.num_clients"
-    )
+
+    def draw(b: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        sizes = np.zeros((b, num_clients), dtype=np.int64)
+        cuts = []
+        for k, who in held.items():
+            edges = _cuts(_dirichlet_rows(rng, np.full(len(who), alpha), b), len(shuffled[k]))
+            sizes[:, who] += np.diff(edges, axis=-1)
+            cuts.append(edges)
+        return sizes, cuts
+
+    cells = sum(len(who) for who in held.values())
+    cuts, row, draws = _first_valid_draw(draw, cells, min_size, max_draws)
+    if row < 0:
+        raise _runaway_error(
+            min_size, draws, f"alpha={alpha}, {num_clients} clients, {classes_per_client} classes each"
+        )
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for (k, who), edges in zip(held.items(), cuts):  # type: ignore[call-overload]
+        e = edges[row]
+        for j, i in enumerate(who):
+            parts[i].append(shuffled[k][e[j] : e[j + 1]])
+    return _sorted_parts([np.concatenate(ps) for ps in parts])
 
 
 def natural_user_partition(
@@ -749,9 +923,11 @@ class Dirichlet(Partitioner):
 
 
 class Pathological(Partitioner):
-    """Exactly ``classes_per_client`` classes per client, without replacement.
+    """Exactly ``classes_per_client`` classes per client, without replacement: the FedAvg paper's shards.
 
-    See :func:`pathological_partition` (after McMahan et al., 2017).
+    See :func:`pathological_partition` (after McMahan et al., 2017). Classes are dealt round-robin, so
+    every class has the same number of holders and every client the same size; NIID-Bench's ``#C=k`` split
+    is :class:`LabelQuantity`.
 
     Args:
         classes_per_client: Number of distinct classes each client holds (1 .. number of classes).
@@ -764,6 +940,27 @@ class Pathological(Partitioner):
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return pathological_partition(labels, num_clients, self.classes_per_client, rng)
+
+
+class LabelQuantity(Partitioner):
+    """NIID-Bench's label-quantity skew ``#C=k`` (``noniid-#label{k}``; :func:`label_quantity_partition`).
+
+    Client ``i`` holds class ``i mod K`` and ``k - 1`` random other classes; each class is split evenly
+    among the clients that drew it, so classes have unequal numbers of holders and clients unequal sizes. A
+    class nobody drew (fewer clients than classes) is unused. :class:`Pathological` is the FedAvg paper's
+    round-robin shards instead (equal holders per class, equal client sizes).
+
+    Args:
+        classes_per_client: Number of distinct classes each client holds, ``k`` (1 .. number of classes).
+    """
+
+    name = "label_quantity"
+
+    def __init__(self, classes_per_client: int = 2) -> None:
+        self.classes_per_client = _check_classes_per_client(classes_per_client)
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return label_quantity_partition(labels, num_clients, self.classes_per_client, rng)
 
 
 class DirichletWithReplacement(Partitioner):
@@ -903,6 +1100,7 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
         IID,
         Dirichlet,
         Pathological,
+        LabelQuantity,
         DirichletWithReplacement,
         PathologicalWithReplacement,
         QuantitySkew,

@@ -80,6 +80,20 @@ def scaffold_control_update(
     return new if c_i is None else new.add_(c_i)
 
 
+@torch.no_grad()
+def scaffold_step_correction_(params: Tensors, corrections: Tensors, lr: float) -> None:
+    """``y_j <- y_j - lr (c - c_i)_j`` in place: SCAFFOLD's correction (Alg. 1 line 10) applied to the
+    parameters after the optimizer's own step, outside its momentum and weight decay (NIID-Bench's
+    ``train_net_scaffold``).
+
+    Args:
+        params: The client's parameters ``y_i``.
+        corrections: ``c - c_i``, aligned with ``params``.
+        lr: The round's local learning rate ``eta_l``.
+    """
+    torch._foreach_add_(list(params), list(corrections), alpha=-lr)
+
+
 def feddyn_gradient(param: Tensor, anchor: Tensor, dual: Tensor | None, alpha: float) -> Tensor:
     """Gradient of FedDyn's local terms ``-<lambda_i, w> + alpha/2 ||w - w^t||^2``.
 

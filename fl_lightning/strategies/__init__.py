@@ -19,12 +19,16 @@ from fl_lightning.api import (
     list_strategies,
     register_strategy,
 )
+from fl_lightning.strategies.apfl import APFL
+from fl_lightning.strategies.cfl import CFL
 from fl_lightning.strategies.ditto import Ditto
 from fl_lightning.strategies.fedadam import FedAdam
+from fl_lightning.strategies.fedala import FedALA
 from fl_lightning.strategies.fedasync import FedAsync
 from fl_lightning.strategies.fedavg import FedAvg
 from fl_lightning.strategies.fedavg_sar import FedAvgSAR
 from fl_lightning.strategies.fedavgm import FedAvgM
+from fl_lightning.strategies.fedbabu import FedBABU
 from fl_lightning.strategies.fedbuff import FedBuff
 from fl_lightning.strategies.fedcm import FedCM
 from fl_lightning.strategies.feddc import FedDC
@@ -39,13 +43,16 @@ from fl_lightning.strategies.fedper import FedPer
 from fl_lightning.strategies.fedprox import FedProx
 from fl_lightning.strategies.fedreg import FedReg
 from fl_lightning.strategies.fedrep import FedRep
+from fl_lightning.strategies.fedrod import FedRoD
 from fl_lightning.strategies.fedsam import FedSAM
 from fl_lightning.strategies.fedsmoo import FedSMOO
 from fl_lightning.strategies.fedspeed import FedSpeed
+from fl_lightning.strategies.ifca import IFCA
 from fl_lightning.strategies.lg_fedavg import LGFedAvg
 from fl_lightning.strategies.local import Local
 from fl_lightning.strategies.mofedsam import MoFedSAM
 from fl_lightning.strategies.moon import MOON
+from fl_lightning.strategies.per_fedavg import PerFedAvg
 from fl_lightning.strategies.pfedme import PFedMe
 from fl_lightning.strategies.plugins.dp import DP
 from fl_lightning.strategies.plugins.fast_slow import FastSlow
@@ -58,7 +65,10 @@ from fl_lightning.strategies.tdpfed import TDPFed
 from fl_lightning.strategies.vhl import VHL
 
 __all__ = [
+    "APFL",
+    "CFL",
     "DP",
+    "IFCA",
     "MOON",
     "STRATEGIES",
     "VHL",
@@ -66,11 +76,13 @@ __all__ = [
     "ClientContext",
     "Ditto",
     "FastSlow",
+    "FedALA",
     "FedAdam",
     "FedAsync",
     "FedAvg",
     "FedAvgM",
     "FedAvgSAR",
+    "FedBABU",
     "FedBuff",
     "FedCM",
     "FedCOG",
@@ -86,6 +98,7 @@ __all__ = [
     "FedProx",
     "FedReg",
     "FedRep",
+    "FedRoD",
     "FedSAM",
     "FedSMOO",
     "FedSpeed",
@@ -97,6 +110,7 @@ __all__ = [
     "MoFedSAM",
     "NormBounded",
     "PFedMe",
+    "PerFedAvg",
     "PersonalAtoms",
     "RoundInfo",
     "Scaffold",

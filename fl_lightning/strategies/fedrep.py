@@ -82,7 +82,7 @@ class FedRep(FedPer):
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
-        _train_only(module, self._all_trainable(module))  # both parts in the optimizer
+        train_only(module, self._all_trainable(module))  # both parts in the optimizer
 
     def local_step(
         self,
@@ -96,11 +96,11 @@ class FedRep(FedPer):
         if ctx.step in (0, switch):
             trainable = self._all_trainable(module)
             head = self.personal_names(module) & trainable
-            _train_only(module, head if ctx.step < switch else trainable - head)
+            train_only(module, head if ctx.step < switch else trainable - head)
         super().local_step(module, optimizer, ctx, batch, closure)
 
     def upload(self, module: nn.Module, ctx: ClientContext) -> Payload:
-        _train_only(module, self._all_trainable(module))
+        train_only(module, self._all_trainable(module))
         return super().upload(module, ctx)
 
     def extra_repr(self) -> str:
@@ -110,7 +110,7 @@ class FedRep(FedPer):
         )
 
 
-def _train_only(module: nn.Module, names: set[str]) -> None:
+def train_only(module: nn.Module, names: set[str]) -> None:
     """Set ``requires_grad`` of ``module``'s parameters: on for those in ``names``, off for the rest."""
     for name, param in module.named_parameters():
         param.requires_grad_(name in names)

@@ -150,6 +150,19 @@ def test_an_unknown_bare_class_name_gets_the_registry_names():
     )
 
 
+def test_a_registered_name_that_another_library_also_has_asks_for_the_class_path():
+    # torchvision.ops.MLP and fl_lightning.models.MLP: jsonargparse cannot resolve the bare name
+    message = (
+        'Parser key "model.client.net":\n\n  - Expected a path but MLP either not accessible or invalid\n'
+        "  - Expected a dot import path string: MLP"
+    )
+    line, _ = parse_error(message, {"net": lambda: ["LeNet", "MLP"]}, lambda: [], "")
+    assert line == (
+        "model.client.net: 'MLP' names more than one class of the libraries loaded; give its class path, "
+        "--model.client.net=fl_lightning.models.MLP"
+    )
+
+
 DEFAULTS = {"accelerator": "auto", "max_steps": 40, "limit_val_batches": None, "devices": "auto"}
 
 

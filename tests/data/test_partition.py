@@ -10,6 +10,7 @@ from fl_lightning.data.partition import (
     PARTITIONERS,
     Dirichlet,
     DirichletWithReplacement,
+    LabelQuantity,
     MixedSkew,
     NaturalUsers,
     Partitioner,
@@ -21,6 +22,7 @@ from fl_lightning.data.partition import (
     dirichlet_with_replacement,
     get_partitioner,
     iid_partition,
+    label_quantity_partition,
     list_partitioners,
     mixed_class_assignment,
     mixed_partition,
@@ -124,10 +126,12 @@ def test_dirichlet_min_size_impossible_is_reported_immediately():
         dirichlet_partition(y, 10, 0.5, np.random.default_rng(0), min_size=30)
 
 
-def test_dirichlet_min_size_unmet_after_max_tries():
+def test_dirichlet_min_size_unmet_by_the_runaway_guard():
     y = balanced_labels(10, 20)  # 200 samples, 10 clients: min_size=19 needs an almost even split
-    with pytest.raises(ConfigError, match=r"data\.partition\.min_size=19.*5 Dirichlet draws"):
-        dirichlet_partition(y, 10, 0.05, np.random.default_rng(0), min_size=19, max_tries=5)
+    with pytest.raises(
+        ConfigError, match=r"^data\.partition\.min_size=19 was met by none of 5 draws.*run-away guard"
+    ):
+        dirichlet_partition(y, 10, 0.05, np.random.default_rng(0), min_size=19, max_draws=5)
 
 
 @pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf")])
@@ -213,6 +217,95 @@ def test_pathological_too_few_samples_per_class():
 
 
 # ------------------------------------------------------------------------------------------- refill
+# ---------------------------------------------------------------------------- label quantity (#C=k)
+def assert_classes_split_evenly(y: np.ndarray, parts: list[np.ndarray], num_classes: int) -> None:
+    """Each class's samples are split among its holders with sizes differing by at most one."""
+    counts = partition_counts(y, parts, num_classes)
+    for k in range(num_classes):
+        held = counts[:, k][counts[:, k] > 0]
+        if len(held):
+            assert held.sum() == (y == k).sum() and held.max() - held.min() <= 1
+
+
+def test_label_quantity_as_niid_bench_ten_parties_two_classes():
+    """NIID-Bench's noniid-#label2 with 10 parties: party i holds class i and one random other class; a
+    class has as many holders as drew it (not two each, as Pathological's round-robin gives), so there are
+    more than five distinct class pairs and the clients' sizes differ."""
+    y = balanced_labels(10, 60)
+    holder_counts = []
+    for seed in range(20):
+        parts = label_quantity_partition(y, 10, 2, np.random.default_rng(seed))
+        assert_well_formed(parts, 10, len(y))
+        assert_exact_cover(parts, len(y))  # with 10 clients every class is drawn (client i draws class i)
+        counts = partition_counts(y, parts, 10)
+        held = [frozenset(np.flatnonzero(row).tolist()) for row in counts]
+        assert all(len(h) == 2 and i in h for i, h in enumerate(held))
+        assert len(set(held)) > 5
+        holders = (counts > 0).sum(axis=0)
+        assert holders.min() < holders.max()  # unequal numbers of holders
+        assert len({len(p) for p in parts}) > 1  # unequal client sizes
+        assert_classes_split_evenly(y, parts, 10)
+        holder_counts.append(holders)
+    # Class j's holders: client j plus each other client drawing it with probability 1/9, i.e.
+    # 1 + Binomial(9, 1/9): mean 2, variance 8/9 (round-robin would give variance 0).
+    holder_counts = np.concatenate(holder_counts)
+    assert holder_counts.mean() == 2.0
+    assert holder_counts.var() == pytest.approx(8 / 9, rel=0.25)
+
+
+def test_label_quantity_is_seeded_and_the_class_matches_the_function():
+    y = balanced_labels(10, 30)
+    a = label_quantity_partition(y, 10, 3, np.random.default_rng(5))
+    b = LabelQuantity(classes_per_client=3)(y, 10, np.random.default_rng(5))
+    c = label_quantity_partition(y, 10, 3, np.random.default_rng(6))
+    assert all(np.array_equal(x, z) for x, z in zip(a, b))
+    assert not all(np.array_equal(x, z) for x, z in zip(a, c))
+    part = get_partitioner("label_quantity", classes_per_client=3)
+    assert isinstance(part, LabelQuantity) and repr(part) == "LabelQuantity(classes_per_client=3)"
+    counts = partition_counts(y, a, 10)
+    assert ((counts > 0).sum(axis=1) == 3).all() and all(counts[i, i] > 0 for i in range(10))
+
+
+def test_label_quantity_one_class_and_every_class():
+    y = balanced_labels(10, 41)
+    # k = 1: client i holds class i mod 10 alone; 20 clients: every class split between two clients
+    parts = label_quantity_partition(y, 20, 1, np.random.default_rng(0))
+    counts = partition_counts(y, parts, 10)
+    assert all(np.flatnonzero(counts[i]).tolist() == [i % 10] for i in range(20))
+    assert_exact_cover(parts, len(y))
+    assert_classes_split_evenly(y, parts, 10)
+    # k = K: every client holds every class, a class-stratified split
+    parts = label_quantity_partition(y, 4, 10, np.random.default_rng(0))
+    counts = partition_counts(y, parts, 10)
+    assert (counts > 0).all() and counts.max() - counts.min() <= 1
+    assert_exact_cover(parts, len(y))
+
+
+def test_label_quantity_class_nobody_drew_is_unused():
+    y = balanced_labels(10, 20)
+    parts = label_quantity_partition(y, 3, 1, np.random.default_rng(0))  # classes 0, 1, 2 only
+    counts = partition_counts(y, parts, 10)
+    assert counts[:, 3:].sum() == 0 and counts[[0, 1, 2], [0, 1, 2]].tolist() == [20, 20, 20]
+    assert sum(len(p) for p in parts) == 60
+
+
+@pytest.mark.parametrize("k", [0, 11, -1, 2.5, True])
+def test_label_quantity_bad_classes_per_client_is_one_line(k):
+    y = balanced_labels(10, 20)
+    with pytest.raises(ConfigError, match=r"^data\.partition\.classes_per_client=") as err:
+        label_quantity_partition(y, 10, k, np.random.default_rng(0))
+    assert "\n" not in str(err.value)
+    if k != 11:  # the upper bound needs the data's classes
+        with pytest.raises(ConfigError, match=r"^data\.partition\.classes_per_client="):
+            LabelQuantity(classes_per_client=k)
+
+
+def test_label_quantity_too_few_samples_for_the_holders():
+    y = np.array([0] * 50 + [1] * 2)  # class 1 has two samples; with 4 clients and k = 2 it has 4 holders
+    with pytest.raises(ConfigError, match=r"classes_per_client=2 .* class 1 to 4 clients .* only 2 samples"):
+        label_quantity_partition(y, 4, 2, np.random.default_rng(0))
+
+
 def test_refill_sizes_equal_with_remainder_on_client_zero():
     y = np.arange(103) % 4
     prior = np.full((10, 4), 0.25)
@@ -346,7 +439,9 @@ def test_check_num_clients_messages():
     check_num_clients(10, 10)
 
 
-@pytest.mark.parametrize("name", ["iid", "dirichlet", "pathological", "dirichlet_with_replacement"])
+@pytest.mark.parametrize(
+    "name", ["iid", "dirichlet", "pathological", "label_quantity", "dirichlet_with_replacement"]
+)
 def test_partitioners_reject_more_clients_than_samples(name):
     y = balanced_labels(2, 5)
     with pytest.raises(ConfigError, match=r"data\.num_clients=11 exceeds the 10 training samples"):
@@ -359,6 +454,7 @@ def test_registry_and_get_partitioner():
             "iid",
             "dirichlet",
             "pathological",
+            "label_quantity",
             "dirichlet_with_replacement",
             "pathological_with_replacement",
             "quantity_skew",
@@ -420,6 +516,99 @@ def test_quantity_skew_is_seeded_and_checks_its_arguments():
         quantity_skew_partition(50, 6, 0.5, np.random.default_rng(0))
     with pytest.raises(ConfigError, match=r"data\.partition\.alpha"):
         QuantitySkew(alpha=0)
+
+
+def sequential_quantity_skew(n, m, alpha, rng, min_size):
+    """NIID-Bench's redraw loop written plainly, one Dirichlet draw at a time (integer sizes checked)."""
+    perm = rng.permutation(n)
+    draws = 0
+    while True:
+        q = rng.dirichlet(np.full(m, alpha))
+        draws += 1
+        edges = np.concatenate(([0], (np.cumsum(q) * n).astype(np.int64)))
+        edges[-1] = n
+        edges = np.maximum.accumulate(edges)
+        if np.diff(edges).min() >= min_size:
+            return [np.sort(perm[edges[i] : edges[i + 1]]) for i in range(m)], draws
+
+
+@pytest.mark.parametrize("n", [60_000, 6_000])
+def test_quantity_skew_at_beta_0_1_reaches_min_size_for_every_seed(n):
+    """NIID-Bench's iid-diff-quantity at beta = 0.1, 10 parties: every seed succeeds (no cap on the redraws;
+    ~200 draws at 60,000 samples, thousands at 6,000), every client has 10 samples or more, and 10 itself is
+    reached: the check accepts exactly min_size (a check accepting 9, or demanding 11, fails here)."""
+    smallest = []
+    for seed in range(220):
+        parts = quantity_skew_partition(n, 10, 0.1, np.random.default_rng(seed), min_size=10)
+        sizes = [len(p) for p in parts]
+        assert sum(sizes) == n
+        smallest.append(min(sizes))
+    assert min(smallest) == 10, sorted(smallest)[:5]
+    via_class = QuantitySkew(alpha=0.1, min_size=10)(np.zeros(n), 10, np.random.default_rng(0))
+    assert min(len(p) for p in via_class) == smallest[0]
+
+
+def test_quantity_skew_redraws_exactly_as_the_sequential_loop():
+    """The batched redraws accept the same draw as the one-at-a-time loop for the same seed, so the
+    partition (and the distribution of the sizes) is NIID-Bench's redraw-until-valid; some seeds need
+    hundreds of redraws (batches up to the largest size)."""
+    draws = []
+    for seed in range(25):
+        ref, k = sequential_quantity_skew(60_000, 10, 0.1, np.random.default_rng(seed), 10)
+        got = quantity_skew_partition(60_000, 10, 0.1, np.random.default_rng(seed), min_size=10)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), seed
+        draws.append(k)
+    assert max(draws) > 1 + 2 + 4 + 8 + 16 + 32 + 64 + 128 + 256
+
+
+def test_dirichlet_redraws_exactly_as_the_sequential_loop():
+    """As NIID-Bench's noniid-labeldir loop: all classes' shares redrawn until every client has min_size;
+    the batched redraws accept the same draw (the same class counts per client) as one draw at a time."""
+    y = balanced_labels(10, 100)
+    draws = []
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        k = 0
+        while True:  # the plain loop: one Dir(alpha 1_m) row per class, per draw
+            k += 1
+            counts = np.zeros((10, 10), dtype=np.int64)  # [client, class]
+            for c in range(10):
+                edges = np.concatenate(
+                    ([0], (np.cumsum(rng.dirichlet(np.full(10, 0.3))) * 100).astype(np.int64))
+                )
+                edges[-1] = 100
+                counts[:, c] = np.diff(np.maximum.accumulate(edges))
+            if counts.sum(axis=1).min() >= 70:
+                break
+        draws.append(k)
+        parts = dirichlet_partition(y, 10, 0.3, np.random.default_rng(seed), min_size=70)
+        assert_exact_cover(parts, len(y))
+        np.testing.assert_array_equal(partition_counts(y, parts, 10), counts)
+    assert max(draws) > 255  # past the batches of 1, 2, ..., 128
+
+
+def test_min_size_impossible_is_one_line():
+    for call in (
+        lambda: quantity_skew_partition(99, 10, 0.1, np.random.default_rng(0), min_size=10),
+        lambda: dirichlet_partition(balanced_labels(3, 33), 10, 0.1, np.random.default_rng(0), min_size=10),
+        lambda: mixed_partition(balanced_labels(3, 33), 10, 0.1, np.random.default_rng(0), min_size=10),
+    ):
+        with pytest.raises(
+            ConfigError, match=r"^data\.partition\.min_size=10 is impossible: 10 clients"
+        ) as err:
+            call()
+        assert "\n" not in str(err.value) and "use data.partition.min_size <= 9" in str(err.value)
+
+
+def test_mixed_partition_redraws_until_every_client_has_min_size():
+    y = balanced_labels(10, 100)
+    smallest = [
+        min(len(p) for p in mixed_partition(y, 10, 0.3, np.random.default_rng(seed), min_size=60))
+        for seed in range(30)
+    ]
+    assert min(smallest) >= 60 and min(smallest) <= 62
+    with pytest.raises(ConfigError, match=r"^data\.partition\.min_size=100 was met by none of 50 draws"):
+        mixed_partition(y, 10, 0.3, np.random.default_rng(0), min_size=100, max_draws=50)
 
 
 # --------------------------------------------------------------------------------------------- mixed

@@ -180,6 +180,11 @@ def test_vectorised_mlp_and_decomposed_layers(tmp_path, strategy, net):
     _assert_same(seq, vec)
 
 
+#: SCAFFOLD as NIID-Bench runs it: option II's variate under momentum, the correction after the step.
+NIID_SCAFFOLD = (
+    "Scaffold-NIID-Bench",
+    lambda: get_strategy("Scaffold", variate="option_ii", correction="after_step"),
+)
 #: Float64 runs: ``(strategy, net, client_kw, kw, hold_back)``. The MLPs run as a batched linear chain: its
 #: SGD step fused into the backward (plain SGD, FedAvg and its server-side variants), and held back as
 #: low-rank updates where ``hold_back`` (``DEFER_BYTES`` 0: every layer); or returning gradients (momentum,
@@ -193,6 +198,7 @@ FLOAT64 = {
     "adam": ("FedAvg", "mlp2", {"optimizer": "adam"}, {"lr": 0.01}, True),
     "FedProx": ("FedProx", "mlp2", {}, {}, True),
     "Scaffold": ("Scaffold", "mlp2", {"momentum": 0.0}, {}, True),
+    "Scaffold-NIID-Bench": (NIID_SCAFFOLD, "mlp2", {}, {}, True),
     "FedSAM": ("FedSAM", "mlp2", {}, {}, True),
     "vmap-cnn": ("FedAvg", "cnn", {}, {}, True),
 }

@@ -14,6 +14,34 @@ from fl_lightning.strategies.fedavg import FedAvg
 _FINETUNE_STREAM = 0xF7E
 
 
+def fine_tune(
+    module: nn.Module, data: ClientData, batch_size: int, epochs: int, lr: float | None, seed: int
+) -> None:
+    """``epochs`` passes of mini-batch steps of ``module``'s own optimizer (``configure_optimizers()``, its
+    learning rate replaced by ``lr`` unless None) on the client's training split, in train mode; the batch
+    order comes from a stream seeded by ``(seed, client)`` and the global RNG is left as it was (the "+FT"
+    evaluation of :class:`FineTune`, FedBABU's fine-tuning)."""
+    if epochs == 0:
+        return
+    optimizer = module.configure_optimizers()
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    generator = torch.Generator().manual_seed(derive_seed(seed, _FINETUNE_STREAM, data.client_id))
+    steps = epochs * data.steps_per_epoch(batch_size)
+    was_training = module.training
+    device = module_device(module)  # the data may live elsewhere (e.g. on the host after fit)
+    cuda = [device] if device.type == "cuda" else []
+    module.train()
+    with torch.enable_grad(), torch.random.fork_rng(devices=cuda, device_type="cuda"):
+        for batch in data.batches(batch_size, steps, generator):
+            x, y = to_device(batch, device)
+            optimizer.zero_grad(set_to_none=True)
+            module.task_loss(module(x), y).backward()
+            optimizer.step()
+    module.train(was_training)
+
+
 @register_strategy
 class FineTune(StrategyWrapper):
     """Deploy the global model fine-tuned on each client's own training data (FedAvg+FT, FedProx+FT).
@@ -52,25 +80,7 @@ class FineTune(StrategyWrapper):
 
     def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
         super().adapt(module, data, state, batch_size)
-        if self.epochs == 0:
-            return
-        optimizer = module.configure_optimizers()
-        if self.lr is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = self.lr
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, _FINETUNE_STREAM, data.client_id))
-        steps = self.epochs * data.steps_per_epoch(batch_size)
-        was_training = module.training
-        device = module_device(module)  # the data may live elsewhere (e.g. on the host after fit)
-        cuda = [device] if device.type == "cuda" else []
-        module.train()
-        with torch.enable_grad(), torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            for batch in data.batches(batch_size, steps, generator):
-                x, y = to_device(batch, device)
-                optimizer.zero_grad(set_to_none=True)
-                module.task_loss(module(x), y).backward()
-                optimizer.step()
-        module.train(was_training)
+        fine_tune(module, data, batch_size, self.epochs, self.lr, self.seed)
 
     def extra_repr(self) -> str:
         return f"epochs={self.epochs}, lr={self.lr}"
