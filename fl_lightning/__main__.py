@@ -1,6 +1,6 @@
 """``python -m fl_lightning``: ``fit``, ``validate``, ``test``, ``predict`` and ``list``
-(:mod:`fl_lightning.cli`), and ``sweep`` (:mod:`fl_lightning.sweep`, which reads run arguments with the
-command line's parser)."""
+(:mod:`fl_lightning.cli`), ``sweep`` (:mod:`fl_lightning.sweep`, which reads run arguments with the
+command line's parser) and ``report`` (:mod:`fl_lightning.report`: figures from finished runs)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ def main(args: Any = None) -> None:
         from fl_lightning.sweep import main as sweep
 
         sweep(argv[1:])  # exits with the sweep's status
+        return
+    if argv[:1] == ["report"]:
+        from fl_lightning.report import main as report
+
+        report(argv[1:])
         return
     from fl_lightning.cli import main as cli
 

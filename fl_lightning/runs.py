@@ -51,6 +51,38 @@ def read_scalars(run: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags().get("scalars", [])}
 
 
+def _csv_numbers(path: Path) -> list[dict[str, Any]]:
+    """A CSV file's rows, numbers as floats and text kept (blank cells left out); empty if it is missing."""
+    import csv
+
+    if not path.is_file():
+        return []
+    out = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            parsed: dict[str, Any] = {}
+            for k, v in row.items():
+                if v is None or v == "":
+                    continue
+                try:
+                    parsed[k] = float(v)
+                except ValueError:
+                    parsed[k] = v
+            out.append(parsed)
+    return out
+
+
+def read_curves(run: str | Path) -> list[dict[str, float]]:
+    """A run folder's ``curves.csv`` (one row per round: ``round``, ``sim_time_s``, ``wall_time_s``,
+    cumulative ``bytes_*``, the metrics by tag), numbers as floats; blank cells left out; empty if none."""
+    return _csv_numbers(Path(run, "curves.csv"))
+
+
+def read_clients(run: str | Path) -> list[dict[str, Any]]:
+    """A run folder's ``clients.csv`` (one row per client), numbers as floats; empty if none."""
+    return _csv_numbers(Path(run, "clients.csv"))
+
+
 def last_scalars(run: str | Path, tags: list[str]) -> dict[str, float | None]:
     """The last logged value of each TensorBoard scalar ``tag`` of a run folder (None if never logged)."""
     scalars = read_scalars(run)

@@ -5,8 +5,9 @@ subpackage and lower layers — imports under ``if TYPE_CHECKING:`` and inside f
 
    10  fl_lightning (the package root: re-exports), __main__ (the subcommands' dispatch), system (the
        system models re-exported)
-    9  sweep        grids of runs over seeds (processes of the command line; its parser reads their
-                    arguments)
+    9  sweep | report
+                    grids of runs over seeds (processes of the command line; its parser reads their
+                    arguments) | figures from finished runs' files (neither imports the other)
     8  cli | flower the command line | the Flower adapter: ServerApp/ClientApp over the engine (optional
                     extra); neither imports the other: both build a run through config
     7  config       a run's configuration: the parser, its one-line errors, the run built from it
@@ -56,6 +57,7 @@ LAYERS: dict[str, int] = {
     "cli": 8,
     "flower": 8,
     "sweep": 9,
+    "report": 9,
     "": 10,
     "__main__": 10,
 }

@@ -25,8 +25,19 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from fl_lightning.callbacks.results import (
+    CLIENTS_FILE,
+    CURVES_FILE,
+    clients_table,
+    curves,
+    group_fields,
+    outcome_fields,
+    read_history,
+    write_csv,
+)
 from fl_lightning.engine.record import RoundRecord, totals
 from fl_lightning.engine.round import Engine
+from fl_lightning.functional.outcomes import client_spread
 from fl_lightning.runs import machine_text
 
 log = logging.getLogger("fl_lightning")
@@ -65,6 +76,15 @@ class FederatedSummary(Callback):
     numbers are on (``"validation"`` with ``data.val_fraction > 0``, else ``"test"``; evaluate a
     checkpoint on the test set with ``test``), and ``interrupted``.
 
+    Which round each number reports is named: ``final_global_<m>``, ``best_val_global_<m>`` (with a
+    validation split) or ``best_test_global_<m>`` with ``best_test_optimistic`` (the round chosen on the test
+    numbers), ``last_k_mean_global_<m>`` (the last ``last_k`` evaluations); ``best_global_<m>`` and
+    ``best_round`` stay for older readers. The per-client fields (``client_global_<m>``,
+    ``client_personal_<m>``, the unseen clients and Yuan et al.'s gaps, ``group_global_<m>``) are
+    :func:`~fl_lightning.callbacks.results.outcome_fields` and
+    :func:`~fl_lightning.callbacks.results.group_fields`; ``curves.csv`` and ``clients.csv`` are written
+    beside ``summary.json``.
+
     A run that stops early (an exception such as every client failing, Ctrl-C, SIGTERM) still
     writes ``summary.json`` for the rounds it completed, with ``"interrupted": true`` and the
     ``reason``; its per-client spread is left out (the final model is not evaluated on the way out).
@@ -89,6 +109,8 @@ class FederatedSummary(Callback):
         self._before = 0.0  # wall time of the run's earlier starts, up to the checkpoint resumed from
         self.hparams = dict(hparams) if hparams is not None else None
         self.summary: dict[str, Any] = {}
+        #: ``curves.csv`` and ``clients.csv`` (header, rows) of the last summary, written beside it.
+        self.tables: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = time.perf_counter()
@@ -131,15 +153,37 @@ class FederatedSummary(Callback):
     ) -> None:
         engine = getattr(pl_module, "engine", None)  # a FederatedModule's (this callback sits below it)
         target = engine.system.target_accuracy if isinstance(engine, Engine) else None
-        self.summary = summarize(pl_module.history, per_client, self._elapsed(), target)
+        dm = getattr(trainer, "datamodule", None)
+        split = getattr(dm, "val_split", "test")
+        self.summary = summarize(pl_module.history, per_client, self._elapsed(), target, split=split)
         self.summary["run_wall_time_s"] = self._before + self.summary["wall_time_s"]
         self.summary["max_steps"] = trainer.max_steps
-        dm = getattr(trainer, "datamodule", None)
-        self.summary["global_split"] = getattr(dm, "val_split", "test")
+        self.summary["global_split"] = split
+        self._tables(pl_module, per_client)
         self.summary["interrupted"] = reason is not None
         self.summary["machine"] = machine_info(pl_module.device, trainer.precision)
         if reason is not None:
             self.summary["reason"] = reason
+
+    def _tables(self, pl_module: LightningModule, per_client: dict) -> None:
+        """The per-client fields of the summary and the run's ``curves.csv`` and ``clients.csv``."""
+        rows = read_history(pl_module.history)
+        metric = self.summary["metric"]
+        self.summary.update(group_fields(rows, metric))
+        self.tables: dict[str, tuple[list[str], list[dict[str, Any]]]] = {CURVES_FILE: curves(rows)}
+        engine = getattr(pl_module, "engine", None)
+        if engine is None or not engine.clients:
+            return
+        personalised = getattr(pl_module, "personalised", False)
+        global_per = getattr(pl_module, "client_eval_global", None) or {} if per_client else {}
+        personal_per = per_client if personalised else None
+        if per_client:
+            weights = pl_module.eval_weights()
+            train = getattr(pl_module, "client_eval_train", {})
+            self.summary.update(
+                outcome_fields(metric, global_per, personal_per, train, engine.unseen, weights)
+            )
+        self.tables[CLIENTS_FILE] = clients_table(pl_module, rows, metric, global_per, personal_per)
 
     @rank_zero_only
     def _report(self, trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -> None:
@@ -150,17 +194,20 @@ class FederatedSummary(Callback):
         lines = [
             title,
             f"  rounds: {s['rounds']} (this run: {s['rounds_this_run']})",
-            f"  global {name} ({s.get('global_split', 'test')} split): "
-            f"final {_pct(s.get(f'final_global_{m}'))}, "
-            f"best {_pct(s.get(f'best_global_{m}'))}"
-            f" (round {s.get('best_round')})",
+            f"  global {name} ({s.get('global_split', 'test')} split): " + _rounds_text(s, m),
         ]
-        spread = s.get(f"client_{m}")
-        if spread:
+        groups = s.get(f"group_global_{m}")
+        if groups:
             lines.append(
-                f"  per-client {name} ({spread['n']} clients): mean {_pct(spread['mean'])}, "
-                f"std {100 * spread['std']:.2f} pts, min {_pct(spread['min'])}, max {_pct(spread['max'])}"
+                f"  per group (global/{m} is their union): "
+                + ", ".join(f"group {g} {_pct(v)}" for g, v in groups.items())
             )
+        for key, what in ((f"client_global_{m}", "global model"), (f"client_personal_{m}", "personalised")):
+            spread = s.get(key)
+            if spread:
+                lines.append(f"  per-client {name}, {what} ({spread['n']} clients): " + _spread_text(spread))
+        if "unseen_clients" in s:
+            lines.append("  " + _gaps_text(s, m))
         reported = sorted(k for k in s if "/" in k)  # the strategy's scalars (privacy/epsilon, ...)
         if reported:
             lines.append("  " + ", ".join(f"{k}: {s[k]:.4g}" for k in reported))
@@ -192,7 +239,9 @@ class FederatedSummary(Callback):
             path = Path(log_dir) / "summary.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(s, indent=2))
-            lines.append(f"  written to {path}")
+            for name, (header, rows) in self.tables.items():
+                write_csv(path.parent / name, header, rows)
+            lines.append(f"  written to {path} (and {', '.join(self.tables) or 'no tables'})")
         if s.get("interrupted"):
             last = _last_checkpoint(trainer)
             if last:
@@ -283,11 +332,16 @@ def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
         "wall_time_s",
         "sim_time_s",
         "sim_time_to_target_s",
+        f"last_k_mean_global_{m}",
+        f"unseen_global_{m}",
+        "participation_gap",
+        "out_of_sample_gap",
     )
     out = {f"summary/{k}": float(summary[k]) for k in keys if summary.get(k) is not None}
     spread = summary.get(f"client_{m}")
     if spread:
-        out.update({f"summary/client_{m}_{k}": float(spread[k]) for k in ("mean", "std", "min")})
+        stats = ("mean", "std", "min", "bottom10", "p10")
+        out.update({f"summary/client_{m}_{k}": float(spread[k]) for k in stats if k in spread})
     out["summary/interrupted"] = float(bool(summary.get("interrupted")))
     return out
 
@@ -349,11 +403,16 @@ def _last_checkpoint(trainer: Trainer) -> str | None:
     return None
 
 
+#: The evaluations ``last_k_mean_global_<m>`` averages (fewer when the run has fewer).
+LAST_K = 5
+
+
 def summarize(
     history: list[RoundRecord],
     per_client: dict[int, dict[str, float]],
     wall_time: float,
     target: float | None = None,
+    split: str = "test",
 ) -> dict[str, Any]:
     """The summary numbers from the per-round history and the final per-client metrics.
 
@@ -372,6 +431,14 @@ def summarize(
         out[f"final_global_{metric}"] = scores[-1][1]
         out[f"best_global_{metric}"] = best
         out["best_round"] = best_round + 1
+        kind = "val" if split == "validation" else "test"
+        out[f"best_{kind}_global_{metric}"] = best
+        out[f"best_{kind}_round"] = best_round + 1
+        if kind == "test":  # the round chosen on the numbers it reports
+            out["best_test_optimistic"] = True
+        last = [v for _, v in scores[-LAST_K:]]
+        out[f"last_k_mean_global_{metric}"] = sum(last) / len(last)
+        out["last_k"] = len(last)
     if "sim_time_s" in out and target is not None:
         out["sim_target"] = target
         hit = next((r.sim for r in history if r.sim and r.metrics.get(key, -math.inf) >= target), None)
@@ -383,16 +450,58 @@ def summarize(
     out.update(vectorize)  # how model.vectorize ran (vectorize/batched, vectorize/speedup, ...)
     vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
-        mean = sum(vals) / len(vals)
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
-        out[f"client_{metric}"] = {
-            "n": len(vals),
-            "mean": mean,
-            "std": std,
-            "min": min(vals),
-            "max": max(vals),
-        }
+        spread = client_spread(vals)
+        out[f"client_{metric}"] = dict(spread, n=len(vals))
     return out
+
+
+def _rounds_text(s: Mapping[str, Any], m: str) -> str:
+    """The global metric's final, best-round and last-k values, each named by the round it reports."""
+    parts = [f"final {_pct(s.get(f'final_global_{m}'))}"]
+    if f"best_val_global_{m}" in s:
+        parts.append(
+            f"best on validation {_pct(s[f'best_val_global_{m}'])} (round {s.get('best_val_round')})"
+        )
+    if f"best_test_global_{m}" in s:
+        parts.append(
+            f"best on test {_pct(s[f'best_test_global_{m}'])} (round {s.get('best_test_round')}; optimistic: "
+            "chosen on the test split)"
+        )
+    if f"last_k_mean_global_{m}" in s:
+        parts.append(f"mean of the last {s['last_k']} {_pct(s[f'last_k_mean_global_{m}'])}")
+    return ", ".join(parts)
+
+
+def _spread_text(spread: Mapping[str, Any]) -> str:
+    text = f"mean {_pct(spread['mean'])}"
+    if "weighted_mean" in spread:
+        text += f" (by samples {_pct(spread['weighted_mean'])})"
+    text += f", std {100 * spread['std']:.2f} pts, worst {_pct(spread['min'])}"
+    if "bottom10" in spread:
+        text += (
+            f", bottom 10% {_pct(spread['bottom10'])}, p10/p50/p90 {_pct(spread['p10'])}/"
+            f"{_pct(spread['p50'])}/{_pct(spread['p90'])}, top 10% {_pct(spread['top10'])}"
+        )
+    return text + f", best {_pct(spread['max'])}"
+
+
+def _gaps_text(s: Mapping[str, Any], m: str) -> str:
+    """Unseen clients and Yuan et al.'s gaps, in points (None: not known)."""
+
+    def pts(v: float | None) -> str:
+        return "n/a" if v is None else f"{100 * v:+.2f} pts"
+
+    text = (
+        f"unseen clients ({s['unseen_clients']}): global {_pct(s.get(f'unseen_global_{m}'))}; "
+        f"participation gap {pts(s.get('participation_gap'))} (participating - unseen, test data), "
+        f"out-of-sample gap {pts(s.get('out_of_sample_gap'))} (participating: train - test)"
+    )
+    if f"unseen_personal_{m}" in s:
+        text += (
+            f"; personalised: unseen {_pct(s.get(f'unseen_personal_{m}'))}, participation gap "
+            f"{pts(s.get('participation_gap_personal'))}"
+        )
+    return text
 
 
 def _pct(v: float | None) -> str:

@@ -235,6 +235,10 @@ class FederatedDataModule(LightningDataModule):
             ``LabelPermutation``, ``LabelNoise``; None: as stored), applied to its training and local test
             data, seeded by ``(seed, client)``; see :mod:`fl_lightning.data.transforms`. Its
             ``global_test`` says what ``global/*`` evaluates.
+        unseen_clients: Fraction of the clients held out of training (Yuan et al., ICLR 2022): never
+            sampled, evaluated at the end of fit with the global model (and a personalised strategy's own
+            adaptation), so the run reports the participation gap; ``round(unseen_clients * m)`` clients (at
+            least one, at most ``m - 1``) drawn by a generator seeded from ``seed``. 0: none.
     """
 
     def __init__(
@@ -250,9 +254,13 @@ class FederatedDataModule(LightningDataModule):
         val_fraction: float = 0.0,
         seed: int | None = None,
         client_transform: ClientTransform | None = None,
+        unseen_clients: float = 0.0,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
+        check_number(
+            unseen_clients, "data.unseen_clients", low=0, high=1, high_open=True, hint="e.g. 0.2 (0: none)"
+        )
         if not 0.0 <= local_test_fraction < 1.0:
             raise ConfigError(
                 f"data.local_test_fraction={local_test_fraction} must be in [0, 1); 0 disables it"
@@ -283,6 +291,7 @@ class FederatedDataModule(LightningDataModule):
         self.val_fraction = val_fraction
         self.seed = global_seed() if seed is None else seed
         self.client_transform = client_transform
+        self.unseen_clients = unseen_clients
         self.splits: DatasetSplits | None = None
         self.clients: list[ClientData] = []
         self.counts: np.ndarray | None = None
@@ -408,6 +417,19 @@ class FederatedDataModule(LightningDataModule):
         return self.splits.num_classes
 
     @property
+    def unseen_ids(self) -> list[int]:
+        """The clients held out of training (``data.unseen_clients``), sorted; drawn from ``(seed, 3)``."""
+        m = len(self.clients)
+        if not self.unseen_clients or m == 0:
+            return []
+        if m < 2:
+            raise ConfigError(
+                f"data.unseen_clients={self.unseen_clients} needs at least 2 clients (data.num_clients={m})"
+            )
+        k = min(max(1, round(self.unseen_clients * m)), m - 1)
+        return sorted(int(c) for c in np.random.default_rng([self.seed, 3]).choice(m, size=k, replace=False))
+
+    @property
     def task(self) -> str:
         assert self.splits is not None, "call setup() first"
         return self.splits.task
@@ -422,6 +444,7 @@ class FederatedDataModule(LightningDataModule):
             "data.local_test_fraction": self.local_test_fraction,
             # only when set, so checkpoints written before the option existed still load
             **({"data.val_fraction": self.val_fraction} if self.val_fraction else {}),
+            **({"data.unseen_clients": self.unseen_clients} if self.unseen_clients else {}),
         }
         if self.client_transform is not None:
             facts["data.client_transform"] = repr(self.client_transform)

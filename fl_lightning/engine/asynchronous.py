@@ -171,7 +171,7 @@ class AsyncSchedule(Schedule):
         slot = self.dispatches
         self.dispatches += 1
         busy = {f.client for f in self.flights}
-        online = [c for c in system.online(slot, e.clock) if c not in busy]
+        online = [c for c in e.eligible(system.online(slot, e.clock)) if c not in busy]
         if not online:
             return
         chosen = e.draw(online, min(free, len(online)), slot)

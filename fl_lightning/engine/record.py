@@ -98,6 +98,8 @@ class RoundRecord:
         aggregated: Clients whose upload was aggregated.
         sampled: The sampled clients' ids (empty in records read from checkpoints that did not keep them).
         failed_ids: The failed clients' ids (likewise).
+        late_ids, partial_ids, dropped_ids: With a system model, the ids of the clients that were late (their
+            work dropped), ran partial work, dropped out mid-round (the per-client table's counts).
         client_steps: The local steps each aggregated client ran (``{client: steps}``).
         train: The clients' training metrics of the round, merged by state (``train_loss``, ``train_acc``).
         sim: The simulated clock's view of the round (None: no simulated clock).
@@ -122,6 +124,9 @@ class RoundRecord:
     aggregated: int = 0
     sampled: list[int] = field(default_factory=list)
     failed_ids: list[int] = field(default_factory=list)
+    late_ids: list[int] = field(default_factory=list)
+    partial_ids: list[int] = field(default_factory=list)
+    dropped_ids: list[int] = field(default_factory=list)
     client_steps: dict[int, int] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
     sim: SimulatedTime | None = None

@@ -108,6 +108,7 @@ class Engine:
             :class:`~fl_lightning.engine.schedule.Rounds`, or the
             :class:`~fl_lightning.engine.asynchronous.AsyncSchedule` of an
             :class:`~fl_lightning.api.asynchronous.AsyncStrategy`.
+        unseen: Clients held out of training (``data.unseen_clients``): never sampled (:meth:`eligible`).
     """
 
     model: ClientModule
@@ -127,6 +128,7 @@ class Engine:
     attack: tuple[str, SimulatedAttack] | None = None
     clock: float = 0.0
     schedule: Schedule | None = None
+    unseen: frozenset[int] = frozenset()
     _system: SystemModel | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------------------ setup
@@ -262,8 +264,10 @@ class Engine:
 
     @property
     def cohort(self) -> int:
-        """``K``, the clients a round keeps (``model.clients_per_round`` or ``model.participation``)."""
-        return num_sampled(self.num_clients, self.config.participation, self.config.clients_per_round)
+        """``K``, the clients a round keeps (``model.clients_per_round`` or ``model.participation`` of the
+        :meth:`eligible` clients)."""
+        pool = len(self.eligible(range(self.num_clients)))
+        return num_sampled(pool, self.config.participation, self.config.clients_per_round)
 
     def spec(self) -> RunSpec:
         """What the run is made of, for the strategy's :meth:`check`."""
@@ -313,10 +317,15 @@ class Engine:
         return self._local_metrics
 
     # ------------------------------------------------------------------------------------ facts
+    def eligible(self, candidates: Any) -> list[int]:
+        """The ``candidates`` that may be sampled for training: all but the :attr:`unseen` clients (the one
+        place sampling skips them; synchronous rounds, system rounds and asynchronous dispatch call it)."""
+        return [int(c) for c in candidates if int(c) not in self.unseen]
+
     def sample(self, round: int) -> list[int]:
         """The clients of ``round``, sorted: :meth:`draw` among the clients online when the round starts."""
         system = self.system
-        online = system.online(round, system.next_online_s(self.clock))
+        online = self.eligible(system.online(round, system.next_online_s(self.clock)))
         return self.draw(online, system.sample_count(self.cohort, len(online)), round)
 
     def draw(self, online: list[int], count: int, slot: int) -> list[int]:
@@ -400,6 +409,7 @@ class Engine:
         done = self.schedule.step(round, step, listener)
         sim = done.sim if self.system.clocked else None
         record = self.round_record(round, done.result, watch(), sim, done.steps)
+        record.late_ids, record.partial_ids, record.dropped_ids = done.late, done.partial, done.dropped
         self.history.append(record)
         return RoundOutcome(record, done.result, self.stop_after(round))
 

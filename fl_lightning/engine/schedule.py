@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fl_lightning.api.aggregation import Aggregator
@@ -123,6 +123,9 @@ class Stepped:
     result: RoundResult
     sim: SimulatedTime
     steps: dict[int, int]
+    late: list[int] = field(default_factory=list)  # the clients' fates by id (the per-client table's counts)
+    partial: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
 
 
 class Host(Protocol):
@@ -142,6 +145,8 @@ class Host(Protocol):
 
     @property
     def cohort(self) -> int: ...
+
+    def eligible(self, candidates: Any) -> list[int]: ...
 
     def draw(self, online: list[int], count: int, slot: int) -> list[int]: ...
 
@@ -197,7 +202,7 @@ class Rounds(Schedule):
         host = self.host
         system = host.system
         start = system.next_online_s(host.clock)  # a day/night cycle: wait for a client to be online
-        online = system.online(round, start)
+        online = host.eligible(system.online(round, start))
         sampled = host.draw(online, system.sample_count(host.cohort, len(online)), round)
         host.check_round(round)  # e.g. resumed past a privacy budget: nothing has run
         plan = system.plan(round, sampled, host.cohort)
@@ -220,7 +225,9 @@ class Rounds(Schedule):
             discarded=len(plan.discarded),
             dropped_out=len(plan.dropped_out),
         )
-        return Stepped(result, sim, dict(plan.steps))
+        return Stepped(
+            result, sim, dict(plan.steps), list(plan.late), list(plan.partial), list(plan.dropped_out)
+        )
 
     def _dropouts(self, round: int, plan: RoundPlan, result: RoundResult) -> None:
         """The plan's mid-round dropouts are failed clients of the round (after the processes' exchange: every

@@ -21,12 +21,14 @@ from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import Strategy
 from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks.results import spread_scalars
 from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
 from fl_lightning.defaults import lazy_default
 from fl_lightning.engine.attack import SimulatedAttack, as_attack
-from fl_lightning.engine.executors import Executor, default_executor
+from fl_lightning.engine.batched import gradient_hooks
+from fl_lightning.engine.executors import Executor, Sequential, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
 from fl_lightning.engine.record import RoundRecord
 from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
@@ -211,7 +213,14 @@ class FederatedModule(LightningModule):
         budget = None if state_memory_mb is None else int(state_memory_mb * 2**20)
         self.engine = Engine(self.client, self.strategy, config, ClientStateStore(budget, state_dir))
         self.client_eval: dict[int, dict[str, float]] = {}
+        #: The global model's metrics on each client's local test split at the last client evaluation (the
+        #: same object as ``client_eval`` when the strategy deploys the global model itself).
+        self.client_eval_global: dict[int, dict[str, float]] = {}
+        #: The global model's metrics on each participating client's training data (at the end of fit, with
+        #: ``data.unseen_clients``: the out-of-sample gap's first term).
+        self.client_eval_train: dict[int, dict[str, float]] = {}
         self._client_eval_round = -1
+        self._client_train_round = -1
         self._checkpoint_rounds = 0
         self._executor: Executor | None = None
         self.global_metrics: TaskMetrics | None = None
@@ -297,6 +306,7 @@ class FederatedModule(LightningModule):
         local.batch_size, local.eval_batch_size = dm.batch_size, dm.eval_batch_size
         self.engine.model, self.engine.strategy = self.client, self.strategy  # as set on the module now
         executor = self._executor or default_executor(local)  # inside a process group: its share
+        self.engine.unseen = frozenset(getattr(dm, "unseen_ids", ()))  # never sampled for training
         self.engine.setup(dm.clients, dm.task, dm.num_classes, precision_plugin, executor)
 
     def check_data(self, dm: FederatedDataModule) -> None:
@@ -482,6 +492,34 @@ class FederatedModule(LightningModule):
         elif due:
             self.evaluate_clients(clients=self.engine.eval_sample(rounds_done))
 
+    @property
+    def personalised(self) -> bool:
+        """Whether a client deploys a model other than the global one (the strategy, or a plug-in around it,
+        overrides ``personalize`` or ``adapt``, or keeps personal layers)."""
+        return bool(
+            gradient_hooks(self.strategy, ("personalize", "adapt"))
+            or self.strategy.personal_names(self.client)
+        )
+
+    def eval_weights(self) -> dict[int, float]:
+        """Each client's evaluation samples (its local test split, or its training data without one)."""
+        return {c.client_id: float(c.test_idx.numel() or c.num_samples) for c in self.engine.clients}
+
+    def evaluate_global_per_client(
+        self, clients: list[int] | None = None, train: bool = False
+    ) -> dict[int, dict[str, float]]:
+        """The global model as it is (no ``personalize``, no ``adapt``, no personal state) on each of
+        ``clients``' local test split (``train``: on its training data), one client at a time here."""
+        e = self.engine
+        chosen = list(range(e.num_clients)) if clients is None else list(clients)
+        work = dataclasses.replace(e.work(-1, chosen, state=lambda c: {}), strategy=FedAvg())
+        if train:
+            empty = torch.zeros(0, dtype=torch.int64)
+            data = [dataclasses.replace(c, test_idx=empty, test_x=None, test_y=None) for c in e.clients]
+            work = dataclasses.replace(work, data=data)
+        with torch.inference_mode(False), torch.no_grad():
+            return Sequential().evaluate(work)[0]
+
     def _record_metrics(self, values: dict[str, Any]) -> None:
         """Keep an evaluation of the model after the last round in that round's record (while fitting)."""
         fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
@@ -496,26 +534,65 @@ class FederatedModule(LightningModule):
         The training data stands in for a client without a test split. The deployed model is the
         global model after ``strategy.personalize`` and ``strategy.adapt`` (identity for
         non-personalised strategies). Logs ``z_client/<id>/<metric>`` and ``personal/<metric>``, the
-        latter merged over the evaluated clients by metric state.
+        latter merged over the evaluated clients by metric state, and the spread over the participating
+        clients (:func:`~fl_lightning.functional.outcomes.client_spread`) of the global model
+        (``clients/global_<metric>_<stat>``, evaluated per client as well for a personalised strategy) and of
+        the deployed one (``clients/personal_<metric>_<stat>``, personalised strategies), and the mean over
+        the unseen clients (``clients/unseen_global_<metric>_mean``, ``data.unseen_clients``).
         """
         self.datamodule.to(self.device)  # no-op during fit; after fit or from a checkpoint, the data follows
         per, merged = self.engine.evaluate_clients(clients)
         self.client_eval = per
+        self.client_eval_global = self.evaluate_global_per_client(clients) if self.personalised else per
         self._client_eval_round = self.global_step if clients is None else -1  # a sample: not final
         flat = {f"{CLIENT_PREFIX}/{cid}/{k}": v for cid, m in per.items() for k, v in m.items()}
         self._log_direct(flat, step=self.rounds_done)
         personal = {f"personal/{k}": v for k, v in merged.compute().items()}
-        self._record_metrics(personal)
+        spread = self.client_spread_scalars()
+        self._record_metrics({**personal, **spread})
         if personal and lightning_log:
             self.log_dict(personal, batch_size=1)
         elif personal:  # outside a hook where self.log is allowed (e.g. at the end of fit)
             self._log_direct(personal, step=self.rounds_done)
+        self._log_direct(spread, step=self.rounds_done)
         return per
 
+    def client_spread_scalars(self) -> dict[str, float]:
+        """The spread scalars (``clients/...``) of the last client evaluation (:meth:`evaluate_clients`)."""
+        metric = self._client_metric()
+        if metric is None:
+            return {}
+        unseen, weights = self.engine.unseen, self.eval_weights()
+
+        def part(per: dict[int, dict[str, float]], seen: bool) -> dict[int, dict[str, float]]:
+            return {c: m for c, m in per.items() if (c not in unseen) == seen}
+
+        out = spread_scalars("clients/global_", part(self.client_eval_global, True), metric, weights)
+        if self.personalised:
+            out.update(spread_scalars("clients/personal_", part(self.client_eval, True), metric, weights))
+        if unseen:
+            for name, per in (("global", self.client_eval_global), ("personal", self.client_eval)):
+                if name == "personal" and not self.personalised:
+                    continue
+                values = spread_scalars(f"clients/unseen_{name}_", part(per, False), metric, weights)
+                out.update({k: v for k, v in values.items() if k.endswith(("_mean", "_n"))})
+        return out
+
+    def _client_metric(self) -> str | None:
+        """The metric the per-client spread is on: ``acc`` (``o_f1`` for multilabel tasks); None: no client
+        was evaluated."""
+        names = {k for m in self.client_eval.values() for k in m}
+        return "acc" if "acc" in names else "o_f1" if "o_f1" in names else None
+
     def final_client_metrics(self) -> dict[int, dict[str, float]]:
-        """Per-client metrics of the final model (evaluated now if the last evaluation is stale)."""
+        """Per-client metrics of the final model (evaluated now if the last evaluation is stale); with
+        unseen clients also the global model on the participating clients' training data."""
         if self._client_eval_round != self.global_step:
             self.evaluate_clients(lightning_log=False)
+        if self.engine.unseen and self._client_train_round != self.global_step:
+            seen = [c for c in range(self.engine.num_clients) if c not in self.engine.unseen]
+            self.client_eval_train = self.evaluate_global_per_client(seen, train=True)
+            self._client_train_round = self.global_step
         return self.client_eval
 
     def teardown(self, stage: str) -> None:

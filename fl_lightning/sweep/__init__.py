@@ -55,7 +55,12 @@ scalar: the same models merged over clients by metric state), ``rounds``, ``roun
 ``mib_to_target`` (from the finished run's ``global/<m>`` and ``round/bytes_*`` TensorBoard scalars; mean
 over the seeds that reached it), ``wall_s`` (the run's wall time over all its starts), ``s_per_round``,
 ``mib``, ``mib_down``, ``mib_up``, ``mib_per_round``, ``kib_per_round``,
-``kib_down_per_round``, ``kib_up_per_round``; or ``{label: eps, summary: privacy/epsilon}`` /
+``kib_down_per_round``, ``kib_up_per_round``, ``best_val``, ``best_test`` (optimistic), ``last_k_mean``, the
+per-client spread (``client_<stat>``, ``client_global_<stat>``: ``weighted_mean``, ``std``, ``worst``,
+``bottom10``, ``top10``, ``p10``, ``p50``, ``p90``), ``unseen``, ``participation_gap``,
+``participation_gap_personal``, ``out_of_sample_gap``, clock columns from each run's curves.csv
+(``acc@sim=100s``, ``acc@bytes=10MB``, ``acc@round=50``, ``sim_to@0.8``, ``bytes_to@0.8``, ``round_to@0.8``:
+:func:`~fl_lightning.sweep.columns.clock_column`); or ``{label: eps, summary: privacy/epsilon}`` /
 ``{label: C-F1 (%), scalar: global/c_f1, scale: 100, digits: 2}``: any summary.json number or last
 TensorBoard scalar. Default: final, best, client (when the runs have it), rounds_to_target (with a
 ``target``), wall_s, mib. The std is the sample standard deviation over seeds (n - 1).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.runs import read_scalars
+from fl_lightning.runs import read_curves, read_scalars
 
 CUSTOM_KEYS = ("label", "summary", "scalar", "scale", "digits")
 
@@ -37,12 +38,20 @@ class RunData:
         self.metric = str(summary.get("metric", "acc"))
         self.target = target
         self._scalars: dict[str, list[tuple[int, float]]] | None = None
+        self._curves: list[dict[str, float]] | None = None
 
     @property
     def scalars(self) -> dict[str, list[tuple[int, float]]]:
         if self._scalars is None:
             self._scalars = read_scalars(self.folder)
         return self._scalars
+
+    @property
+    def curves(self) -> list[dict[str, float]] | None:
+        """The run's ``curves.csv`` (numbers; a blank cell left out), None if it has none."""
+        if self._curves is None:
+            self._curves = read_curves(self.folder)
+        return self._curves or None
 
     def last_scalar(self, tag: str) -> float | None:
         values = self.scalars.get(tag)
@@ -129,6 +138,130 @@ def _to_target_sim(d: RunData) -> float | None:
 
 _MIB, _KIB = 1 / 2**20, 1 / 2**10
 
+#: The spread statistics a sweep column reads from summary.json's ``client_<m>`` (and ``client_global_<m>``).
+SPREAD_COLUMNS = {
+    "weighted_mean": "mean weighted by test samples",
+    "std": "std over clients",
+    "worst": "worst client",
+    "bottom10": "mean of the worst 10% of clients",
+    "top10": "mean of the best 10% of clients",
+    "p10": "10th percentile over clients",
+    "p50": "median over clients",
+    "p90": "90th percentile over clients",
+}
+
+
+def _spread(family: str, stat: str) -> Callable[[RunData], float | None]:
+    key = "min" if stat == "worst" else stat
+
+    def read(d: RunData) -> float | None:
+        spread = d.summary.get(family.format(m=d.metric))
+        v = spread.get(key) if isinstance(spread, dict) else None
+        return None if v is None else 100.0 * float(v)
+
+    return read
+
+
+def _spread_columns() -> list[Column]:
+    out = []
+    for stat, what in SPREAD_COLUMNS.items():
+        out.append(
+            Column(
+                f"client_{stat}",
+                f"client {{m}} {stat} (%)",
+                2,
+                f"deployed model (personalised, else global), participating clients' test splits: {what}",
+                _spread("client_{m}", stat),
+            )
+        )
+        out.append(
+            Column(
+                f"client_global_{stat}",
+                f"client global {{m}} {stat} (%)",
+                2,
+                f"global model on the participating clients' test splits: {what}",
+                _spread("client_global_{m}", stat),
+            )
+        )
+    return out
+
+
+def spec_alias(name: str) -> str:
+    """The column a name means: the spread columns also answer to the metric's spelling
+    (``client_acc_p10`` is ``client_p10``, ``client_global_o_f1_worst`` is ``client_global_worst``)."""
+    match = re.fullmatch(r"client_(global_)?(?:acc|o_f1)_(\w+)", name)
+    if match and match[2] in SPREAD_COLUMNS:
+        return f"client_{match[1] or ''}{match[2]}"
+    return name
+
+
+#: ``<tag>@<clock>=<budget>`` (the metric when the budget was spent) and ``<clock>_to@<target>`` (the clock
+#: when the global metric first reached the target), read from each run's curves.csv.
+CLOCK_COLUMN = re.compile(
+    r"^(?:(?P<tag>[A-Za-z_][\w/]*)@(?P<clock>sim|bytes|round)=(?P<budget>[0-9.]+(?:e[0-9]+)?)(?P<unit>[A-Za-z]*)"
+    r"|(?P<to>sim|bytes|round)_to@(?P<target>[0-9.]+))$"
+)
+_CLOCKS = {"sim": "sim_time_s", "bytes": "bytes_total", "round": "round"}
+_UNITS = {
+    "sim": {"": 1.0, "s": 1.0, "min": 60.0, "h": 3600.0},
+    "bytes": {"": 1.0, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30},
+    "round": {"": 1.0},
+}
+
+
+def clock_column(spec: str, where: str) -> Column | None:
+    """The column ``spec`` names if it is a clock column (None: it is not one).
+
+    ``acc@sim=100s``: the global metric (``acc`` or ``o_f1`` mean ``global/<m>``; any curves.csv column
+    such as ``personal/acc`` may be named) at its last evaluation within 100 simulated seconds (units ``s``,
+    ``min``, ``h``); ``acc@bytes=10MB`` within 10 MB down + up (``B``, ``KB``, ``MB``, ``GB``: powers of 10;
+    ``KiB``, ``MiB``, ``GiB``); ``acc@round=50``. ``sim_to@0.8``: the simulated seconds until ``global/<m>``
+    first reached 0.8; ``bytes_to@0.8`` in MiB; ``round_to@0.8`` in rounds.
+    """
+    match = CLOCK_COLUMN.match(spec)
+    if match is None:
+        return None
+    if match["to"]:
+        clock, target = match["to"], float(match["target"])
+        scale = _MIB if clock == "bytes" else 1.0
+        unit = {"sim": "sim s", "bytes": "MiB", "round": "rounds"}[clock]
+
+        def read_to(d: RunData) -> float | None:
+            rows = d.curves or []
+            tag = f"global/{d.metric}"
+            hit = next((r for r in rows if r.get(tag, -math.inf) >= target), None)
+            v = None if hit is None else hit.get(_CLOCKS[clock])
+            return None if v is None else scale * v
+
+        return Column(
+            spec,
+            f"{unit} to {target:g}",
+            2 if clock == "bytes" else 1,
+            f"{_CLOCKS[clock]} (curves.csv) when global/{{m}} first reached {target:g}",
+            read_to,
+        )
+    clock, tag, unit = match["clock"], match["tag"], match["unit"]
+    units = _UNITS[clock]
+    if unit not in units:
+        raise ConfigError(
+            f"{where}: unit {unit!r} of {spec!r} must be one of {', '.join(u for u in units if u)}"
+        )
+    budget = float(match["budget"]) * units[unit]
+
+    def read_at(d: RunData) -> float | None:
+        name = tag if "/" in tag else f"global/{tag}"
+        within = [r for r in d.curves or [] if name in r and r.get(_CLOCKS[clock], math.inf) <= budget]
+        return None if not within else 100.0 * within[-1][name]
+
+    shown = f"{match['budget']}{unit}"
+    return Column(
+        spec,
+        f"{tag} @ {clock} {shown} (%)",
+        2,
+        f"{tag} at its last evaluation within {clock} {shown} (curves.csv)",
+        read_at,
+    )
+
 
 COLUMNS: dict[str, Column] = {
     c.key: c
@@ -136,8 +269,67 @@ COLUMNS: dict[str, Column] = {
         Column(
             "final", "final {m} (%)", 2, "global model after the last round", _summary_pct("final_global_{m}")
         ),
-        Column("best", "best {m} (%)", 2, "global model, best round", _summary_pct("best_global_{m}")),
+        Column(
+            "best",
+            "best-round {m}, val or test* (%)",
+            2,
+            "global model at its best round on the split global/{m} evaluates: validation "
+            "(data.val_fraction > 0), else *the test split: optimistic, the round is chosen on the numbers "
+            "it reports (best_val and best_test name the split)",
+            _summary_pct("best_global_{m}"),
+        ),
+        Column(
+            "best_val",
+            "best-on-val {m} (%)",
+            2,
+            "global model at its best round on the validation split (data.val_fraction > 0)",
+            _summary_pct("best_val_global_{m}"),
+        ),
+        Column(
+            "best_test",
+            "best-on-test {m} (%, optimistic)",
+            2,
+            "global model at its best round on the test split: optimistic, the round is chosen on the test "
+            "numbers themselves",
+            _summary_pct("best_test_global_{m}"),
+        ),
+        Column(
+            "last_k_mean",
+            "last-k mean {m} (%)",
+            2,
+            "global model, mean of its last k evaluations (summary.json last_k, at most 5)",
+            _summary_pct("last_k_mean_global_{m}"),
+        ),
         Column("best_round", "best round", 1, "round of the best global value", _summary_num("best_round")),
+        Column(
+            "unseen",
+            "unseen {m} (%)",
+            2,
+            "global model, mean over the clients never sampled (data.unseen_clients)",
+            _summary_pct("unseen_global_{m}"),
+        ),
+        Column(
+            "participation_gap",
+            "participation gap (pts)",
+            2,
+            "participating minus unseen clients, global model on their test data (Yuan et al., ICLR 2022)",
+            _summary_pct("participation_gap"),
+        ),
+        Column(
+            "participation_gap_personal",
+            "personalised participation gap (pts)",
+            2,
+            "as participation_gap for the deployed models (the unseen after the strategy's own adaptation)",
+            _summary_pct("participation_gap_personal"),
+        ),
+        Column(
+            "out_of_sample_gap",
+            "out-of-sample gap (pts)",
+            2,
+            "participating clients, global model: train minus test data (Yuan et al., ICLR 2022)",
+            _summary_pct("out_of_sample_gap"),
+        ),
+        *_spread_columns(),
         Column(
             "client",
             "client {m} (%)",

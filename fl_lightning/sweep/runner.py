@@ -136,7 +136,12 @@ def _final_text(summary: dict[str, Any]) -> str:
     final, best = summary.get(f"final_global_{m}"), summary.get(f"best_global_{m}")
     if final is None:
         return "no global metric"
-    return f"final {name} {100 * final:.2f}%" + ("" if best is None else f" (best {100 * best:.2f}%)")
+    split = (
+        "val" if f"best_val_global_{m}" in summary else "test"
+    )  # summaries before the split was named: test
+    return f"final {name} {100 * final:.2f}%" + (
+        "" if best is None else f" (best on {split} {100 * best:.2f}%)"
+    )
 
 
 @dataclass

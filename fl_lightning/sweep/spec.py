@@ -14,7 +14,15 @@ from typing import Any
 import yaml
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.sweep.columns import COLUMNS, CUSTOM_KEYS, DEFAULT_COLUMNS, Column, custom_column
+from fl_lightning.sweep.columns import (
+    COLUMNS,
+    CUSTOM_KEYS,
+    DEFAULT_COLUMNS,
+    Column,
+    clock_column,
+    custom_column,
+    spec_alias,
+)
 
 TOP_KEYS = (
     "name",
@@ -426,7 +434,10 @@ def _columns(value: Any, target: tuple[str | None, float] | None) -> tuple[list[
         if isinstance(spec, dict):
             check_keys(spec, CUSTOM_KEYS, f"columns[{i}]")
             out.append(custom_column(spec, f"columns[{i}]"))
-        elif isinstance(spec, str) and spec in COLUMNS:
+        elif isinstance(spec, str) and clock_column(spec, f"columns[{i}]") is not None:
+            out.append(clock_column(spec, f"columns[{i}]"))  # type: ignore[arg-type]
+        elif isinstance(spec, str) and spec_alias(spec) in COLUMNS:
+            spec = spec_alias(spec)
             if spec.endswith("to_target") and target is None:
                 raise ConfigError(f"columns: {spec} needs a target: (e.g. target: 0.9)")
             out.append(COLUMNS[spec])

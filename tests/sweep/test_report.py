@@ -66,7 +66,10 @@ def test_the_table_is_the_mean_and_sample_std_over_seeds_of_each_column(tmp_path
 
     md = (out / "results.md").read_text()
     assert md in capsys.readouterr().out  # printed as written
-    assert "| row | seeds | final acc (%) | best acc (%) | client acc (%) | rounds to 0.8 |" in md
+    head = (
+        "| row | seeds | final acc (%) | best-round acc, val or test* (%) | client acc (%) | rounds to 0.8 |"
+    )
+    assert head in md
     assert (
         "| a | 3 | 92.00 ± 2.00 | 96.00 ± 1.73 | 85.00 ± 5.00 | 3.0 ± 1.4 (2 of 3) | 4.50 ± 2.12 (2 of 3) "
         in md
@@ -86,7 +89,7 @@ def test_multilabel_runs_report_o_f1_and_the_client_column_only_when_runs_have_i
     craft_run(out / "flair" / "seed0", s)
     assert run_sweep([str(path), "--report"]) == 0
     md = (out / "results.md").read_text()
-    assert "| row | seeds | final O-F1 (%) | best O-F1 (%) | wall (s) | MiB |" in md
+    assert "| row | seeds | final O-F1 (%) | best-round O-F1, val or test* (%) | wall (s) | MiB |" in md
     assert "| flair | 1 | 40.00 | 50.00 | 10.0 | 4.00 |" in md
 
 

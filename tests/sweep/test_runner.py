@@ -63,7 +63,7 @@ def test_runs_get_their_folders_seeds_threads_and_progress_lines_and_a_failure_d
         "failed  bad/s seed 1: error: model.fail: boom (log: lightning_logs/sweeps/s/bad/s/seed1/fit.err)"
         in out
     )
-    assert "done    good/m seed 1: final acc 81.00% (best 81.00%)" in out
+    assert "done    good/m seed 1: final acc 81.00% (best on test 81.00%)" in out
     sweeps = tmp_path / "lightning_logs" / "sweeps" / "s"
     s = json.loads(
         (sweeps / "good" / "m" / "seed1" / "lightning_logs" / "version_0" / "summary.json").read_text()

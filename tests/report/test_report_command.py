@@ -1,0 +1,101 @@
+"""``python -m fl_lightning report`` on crafted run folders: files, page, values, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.report import discover, report
+from fl_lightning.report.figures import band_by_round, band_by_time
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def craft(folder: Path, acc: list[float], metric: str = "acc", clock: bool = False, version: int = 0) -> Path:
+    run = folder / "lightning_logs" / f"version_{version}"
+    run.mkdir(parents=True)
+    summary = {"rounds": len(acc), "metric": metric, f"final_global_{metric}": acc[-1], "bytes_total": 100}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "config.yaml").write_text("model:\n  strategy: FedAvg\n")
+    rows = [
+        {
+            "round": i + 1,
+            "sim_time_s": (1.5 * (i + 1) if clock else ""),
+            "bytes_total": 10 * (i + 1),
+            f"global/{metric}": a,
+        }
+        for i, a in enumerate(acc)
+    ]
+    _csv(run / "curves.csv", rows)
+    clients = [
+        {"client": c, "samples": 10 + c, "unseen": int(c == 3), f"global_{metric}": 0.1 * c} for c in range(4)
+    ]
+    _csv(run / "clients.csv", clients)
+    return run
+
+
+def test_a_sweep_gives_figures_a_page_and_one_line_for_a_failed_run(tmp_path):
+    out = tmp_path / "sweep"
+    craft(out / "fedavg" / "seed0", [0.2, 0.4])
+    craft(out / "fedavg" / "seed1", [0.3, 0.6])
+    craft(out / "fedbuff" / "seed0", [0.5, 0.7], clock=True)
+    failed = out / "fedbuff" / "seed1"
+    failed.mkdir(parents=True)
+    (failed / "sweep.json").write_text(json.dumps({"returncode": 1, "error": "error: boom"}))
+    problems = report(out, tmp_path / "rep", target=0.5)
+    assert any("fedbuff seed 1: failed (error: boom)" in p for p in problems)
+    assert any("left out of the simulated-time figure: fedavg" in p for p in problems)
+    files = {p.name for p in (tmp_path / "rep").iterdir()}
+    for name in ("curve_rounds", "curve_sim", "clients_final", "to_target"):
+        assert {f"{name}.png", f"{name}.svg"} <= files, name
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "fedbuff" in page and "strategy: FedAvg" in page
+    col = discover(out)
+    rounds, mean, std = band_by_round(col.rows["fedavg"], "global/acc")  # the curve's values: the cells'
+    assert (
+        rounds == [1, 2]
+        and mean == pytest.approx([0.25, 0.5])
+        and std == pytest.approx([0.1 / 2**0.5, 0.2 / 2**0.5])
+    )
+    assert band_by_time(col.rows["fedbuff"], "global/acc")[:2] == ([1.5, 3.0], [0.5, 0.7])
+
+
+def test_a_run_folder_draws_its_curves_and_its_scatter(tmp_path):
+    run = craft(tmp_path / "r", [0.2, 0.4])
+    assert report(run, tmp_path / "rep") == []
+    assert {"curve_rounds.png", "clients_scatter.svg", "index.html"} <= {
+        p.name for p in (tmp_path / "rep").iterdir()
+    }
+
+
+def test_different_metrics_and_sim_time_without_a_clock_are_one_line_each(tmp_path):
+    out = tmp_path / "sweep"
+    craft(out / "a" / "seed0", [0.2, 0.4])
+    craft(out / "b" / "seed0", [0.2, 0.4])
+    craft(out / "c" / "seed0", [0.1, 0.3], metric="o_f1")
+    problems = report(out, tmp_path / "rep", clock="sim")
+    assert len(problems) == 2
+    assert "different metrics" in problems[0] and "rows c are left out" in problems[0]
+    assert "no run has a clock" in problems[1]
+    assert (tmp_path / "rep" / "curve_rounds.png").is_file()  # drawn against rounds instead
+
+
+def test_a_folder_without_runs_is_one_error_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "fl_lightning", "report", str(tmp_path)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "no finished run under" in res.stderr
