@@ -134,6 +134,10 @@ class Strategy(nn.Module):
     #: several models (IFCA, CFL) names the few whose hooks do not assume one global model; any other plug-in
     #: around it is a one-line error when the plug-in is built.
     allowed_plugins: ClassVar[tuple[str, ...] | None] = None
+    #: A client's deployed model is built from server state that Flower's evaluate message (the global
+    #: weights) does not carry (IFCA's and CFL's cluster models): refused on the Flower path, never evaluated
+    #: wrongly.
+    deploys_server_models: ClassVar[bool] = False
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -431,6 +435,11 @@ class StrategyWrapper(Strategy):
                     f"{type(part).__name__} takes {takes}"
                 )
         self.base = base
+
+    @property
+    def deploys_server_models(self) -> bool:  # type: ignore[override]
+        """The wrapped strategy's (a plug-in deploys what its base deploys)."""
+        return self.base.deploys_server_models
 
     def setup(self, model: nn.Module, num_clients: int) -> None:
         self.num_clients = num_clients

@@ -501,6 +501,11 @@ class Engine:
             raise outcome
         if malicious:  # the one place an attack replaces an upload (same size: bytes_up holds)
             assert self.attack is not None
+            if "weights" not in message:  # IFCA sends its k cluster models: no one model to attack from
+                raise ConfigError(
+                    f"model.attack needs the global model in the round's message, which "
+                    f"model.strategy={type(self.strategy).__name__} does not send; remove model.attack"
+                )
             outcome.upload = self.attack[1].apply(outcome.upload, message)
         check_upload(cid, round, outcome.upload)
         return outcome

@@ -42,6 +42,7 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.strategy import Strategy
 from fl_lightning.api.types import ClientResult, Payload
 from fl_lightning.engine.work import Evaluation, Executor, Outcome, Work
 from fl_lightning.errors import ConfigError, RunError
@@ -288,6 +289,7 @@ class FlowerExecutor(Executor):
 
     # ------------------------------------------------------------------------------ train
     def train(self, work: Work) -> Iterator[Outcome]:
+        refuse_server_deployed(work.strategy)  # before any round runs, not at the final evaluation
         messages = {cid: work.message(cid) for cid in work.clients}
         replies = self._send(work, MessageType.TRAIN, work.round, messages)
         device = module_device(work.model)
@@ -321,6 +323,7 @@ class FlowerExecutor(Executor):
 
     # ------------------------------------------------------------------------------ evaluate
     def evaluate(self, work: Work) -> Evaluation:
+        refuse_server_deployed(work.strategy)
         personal = work.strategy.personal_names(work.model)
         weights = {"weights": shared_state(work.model, exclude=personal)}
         replies = self._send(work, MessageType.EVALUATE, -1, dict.fromkeys(work.clients, weights))
@@ -346,6 +349,16 @@ class FlowerExecutor(Executor):
             combined = combine_states(merged, states)
             merged.merge(TaskMetrics.from_state_tensors(merged.task, merged.num_classes, combined))
         return per, merged
+
+
+def refuse_server_deployed(strategy: Strategy) -> None:
+    """One line for a strategy whose clients' deployed models come from server state (IFCA, CFL)."""
+    if strategy.deploys_server_models:
+        raise ConfigError(
+            f"flower: model.strategy={type(strategy).__name__} deploys each client's model from the server's "
+            "cluster models, which Flower's evaluate message does not carry; run it in simulation "
+            "(python -m fl_lightning fit)"
+        )
 
 
 def combine_states(template: TaskMetrics, states: list[dict[str, Tensor]]) -> dict[str, Tensor]:

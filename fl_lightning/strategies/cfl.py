@@ -86,6 +86,7 @@ class CFL(Strategy):
     name = "cfl"
     vectorizable = True  # the client side is FedAvg's (each client's cluster model is its message)
     allowed_plugins = ("FineTune", "Attack")
+    deploys_server_models = True  # the cluster models: not deployable from a Flower node
 
     def __init__(
         self, eps_1: float = 0.4, eps_2: float = 1.6, warmup: int = 20, server_lr: float = 1.0

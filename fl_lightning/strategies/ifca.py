@@ -100,6 +100,7 @@ class IFCA(Strategy):
     name = "ifca"
     vectorizable = Vectorizable(unless=_own_data)
     allowed_plugins = ("FineTune",)
+    deploys_server_models = True  # the cluster models: not deployable from a Flower node
 
     def __init__(
         self, k: int = 2, restarts: int = 1, seed: int | None = None, server_lr: float = 1.0

@@ -14,10 +14,12 @@ from fl_lightning.api.types import ClientContext
 from fl_lightning.callbacks import FederatedCallback, FederatedSummary
 from fl_lightning.data import IID
 from fl_lightning.data.transforms import LabelPermutation
+from fl_lightning.engine.attack import SimulatedAttack
 from fl_lightning.errors import ConfigError
+from fl_lightning.flower.executor import refuse_server_deployed
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import MLP, LogisticRegression
-from fl_lightning.strategies import DP, FastSlow, FineTune, Median, get_strategy, list_strategies
+from fl_lightning.strategies import DP, FastSlow, FedAvg, FineTune, Median, get_strategy, list_strategies
 from fl_lightning.strategies.ifca import CLUSTER, IFCA, META
 
 from conftest import make_data, make_engine, make_module, make_trainer
@@ -266,3 +268,20 @@ def test_two_processes_match_one_process(tmp_path):
     two = cli_run(tmp_path / "two", 2, *extra)
     assert_same_run(one, two)
     assert one["fl_lightning"]["history"][-1]["strategy"]["cluster_ari"] == 1.0
+
+
+def test_a_simulated_attack_on_its_k_models_is_one_line_not_a_silent_no_op():
+    engine = make_engine(IFCA(k=2), attack=SimulatedAttack(kind="sign_flip", fraction=0.5))
+    with pytest.raises(
+        ConfigError, match=r"^model.attack needs the global model .* model.strategy=IFCA"
+    ) as info:
+        engine.run_round(0)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_the_flower_path_refuses_it_before_any_round(wrap):
+    strategy = FineTune(IFCA(k=2), epochs=1) if wrap else IFCA(k=2)
+    with pytest.raises(ConfigError, match=r"^flower: model.strategy=\w+ deploys each client's model from"):
+        refuse_server_deployed(strategy)
+    refuse_server_deployed(FineTune(FedAvg(), epochs=1))  # one global model: deployable from a node
