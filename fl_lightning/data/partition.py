@@ -294,6 +294,18 @@ def dirichlet_partition(
     return _sorted_parts([np.concatenate(p) for p in parts])
 
 
+def _classes_dealt(
+    labels: np.ndarray, num_clients: int, classes_per_client: int
+) -> tuple[list[np.ndarray], np.ndarray, int]:
+    """The checked inputs of a split that deals classes to clients: each class's sample indices, the classes
+    present (sorted) and the checked number of classes per client."""
+    y = _as_labels(labels)
+    check_num_clients(len(y), num_clients)
+    per_class = _class_indices(y)
+    present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
+    return per_class, present, _check_classes_per_client(classes_per_client, len(present))
+
+
 def pathological_partition(
     labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -326,12 +338,8 @@ def pathological_partition(
     Raises:
         ConfigError: If ``c`` is out of range, or a class has fewer samples than clients holding it.
     """
-    y = _as_labels(labels)
-    check_num_clients(len(y), num_clients)
-    per_class = _class_indices(y)
-    present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
+    per_class, present, c = _classes_dealt(labels, num_clients, classes_per_client)
     num_classes = len(present)
-    c = _check_classes_per_client(classes_per_client, num_classes)
     order = rng.permutation(present)
     client_classes = [order[(i * c + np.arange(c)) % num_classes] for i in range(num_clients)]
     holders: dict[int, list[int]] = {int(k): [] for k in present}
@@ -392,12 +400,8 @@ def label_quantity_partition(
     Raises:
         ConfigError: If ``k`` is out of range, or a class has fewer samples than clients holding it.
     """
-    y = _as_labels(labels)
-    check_num_clients(len(y), num_clients)
-    per_class = _class_indices(y)
-    present = np.array([k for k, idx in enumerate(per_class) if len(idx)], dtype=np.int64)
+    per_class, present, c = _classes_dealt(labels, num_clients, classes_per_client)
     num_classes = len(present)
-    c = _check_classes_per_client(classes_per_client, num_classes)
     holders: list[list[int]] = [[] for _ in range(num_classes)]  # by position in ``present``
     for i in range(num_clients):
         mine = [i % num_classes]
