@@ -13,6 +13,7 @@ from fl_lightning.api import ClientContext, Strategy, TensorBuffers, register_st
 from fl_lightning.errors import check_number
 from fl_lightning.functional.personalized import apfl_mixture
 from fl_lightning.functional.tensor import Payload, load_tensors, shared_state
+from fl_lightning.strategies.ditto import personal_copy
 from fl_lightning.strategies.side import SideSGD
 
 #: Prefix of a client's local model ``v_k`` in its state; ``ALPHA`` is its mixing weight ``alpha_k``.
@@ -69,12 +70,7 @@ class APFL(Strategy):
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
-        params = {n for n, _ in module.named_parameters()}
-        initial = self.initial.as_dict()
-        v: dict[str, Tensor] = {}
-        for name, t in module.state_dict().items():
-            start = ctx.state.get(LOCAL + name, initial.get(name, t))
-            v[name] = start.detach().clone().to(t.device).requires_grad_(name in params)
+        v = personal_copy(module, ctx.state, LOCAL, self.initial.as_dict())
         alpha = ctx.state.get(ALPHA, torch.tensor(float(self.alpha), dtype=torch.float64))
         alpha = alpha.detach().clone().to(next(iter(v.values())).device).requires_grad_(self.adaptive)
         ctx.scratch["apfl"] = (v, alpha, SideSGD([t for t in v.values() if t.requires_grad]))

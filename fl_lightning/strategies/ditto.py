@@ -45,6 +45,19 @@ def ditto_objective(
     return loss + lam * proximal_term(personal, reference)
 
 
+def personal_copy(
+    module: nn.Module, state: dict[str, Tensor], prefix: str, initial: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """A client's personal model ``v_k``: its kept state (``prefix + name``) or, on its first round, ``w^0``
+    (``initial``), on the module's device; trainable where the module's entry is a parameter."""
+    params = {n for n, _ in module.named_parameters()}
+    out: dict[str, Tensor] = {}
+    for name, t in module.state_dict().items():
+        start = state.get(prefix + name, initial.get(name, t))
+        out[name] = start.detach().clone().to(t.device).requires_grad_(name in params)
+    return out
+
+
 @register_strategy
 class Ditto(Strategy):
     """Ditto, Li et al., "Ditto: Fair and Robust Federated Learning Through Personalization", Alg. 1.
@@ -82,13 +95,7 @@ class Ditto(Strategy):
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         super().on_client_start(module, ctx)
-        params = {n for n, _ in module.named_parameters()}
-        initial = self.initial.as_dict()
-        personal: dict[str, Tensor] = {}
-        for name, t in module.state_dict().items():
-            start = ctx.state.get(DITTO + name, initial.get(name, t))
-            personal[name] = start.detach().clone().to(t.device).requires_grad_(name in params)
-        ctx.scratch["ditto"] = _Personal(personal)
+        ctx.scratch["ditto"] = _Personal(personal_copy(module, ctx.state, DITTO, self.initial.as_dict()))
 
     def local_step(
         self,
