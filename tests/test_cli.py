@@ -39,7 +39,7 @@ def test_fit_writes_tensorboard_logs_config_and_summary(tmp_path, capsys):
     summary = json.loads((version / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["bytes_up"] > 0
     out = capsys.readouterr().out
-    assert "fl_lightning summary" in out and "per-client accuracy (4 clients)" in out
+    assert "fl_lightning summary" in out and "per-client accuracy, global model (4 clients)" in out
 
 
 def test_print_config_and_help_document_every_knob(tmp_path, capsys):

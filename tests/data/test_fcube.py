@@ -82,4 +82,4 @@ def test_fits_from_the_command_line_with_the_linear_model(tmp_path, capsys):
     config = (tmp_path / "lightning_logs" / "version_0" / "config.yaml").read_text()
     assert "class_path: fl_lightning.data.FCUBE" in config
     out = capsys.readouterr().out
-    assert "rounds: 3" in out and "per-client accuracy (4 clients)" in out
+    assert "rounds: 3" in out and "per-client accuracy, global model (4 clients)" in out

@@ -227,9 +227,9 @@ def test_bytes_per_round_afm_and_act(fit):
         sizes[aggregation] = module.history[-1]
     factors = 4 * sum(p.numel() for p in cp_client().parameters())
     dense_cp = 4 * sum(layer.weight.numel() for layer in cp_layers(cp_client()).values())
-    assert sizes["afm"]["bytes_up"] == sizes["act"]["bytes_up"] == 4 * factors
-    assert sizes["afm"]["bytes_down"] == 4 * factors
-    assert sizes["act"]["bytes_down"] == 4 * (factors + dense_cp)
+    assert sizes["afm"].bytes_up == sizes["act"].bytes_up == 4 * factors
+    assert sizes["afm"].bytes_down == 4 * factors
+    assert sizes["act"].bytes_down == 4 * (factors + dense_cp)
 
 
 @pytest.mark.parametrize("aggregation", ["afm", "act"])

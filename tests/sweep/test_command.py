@@ -63,6 +63,7 @@ def test_the_sweep_package_launches_the_cli_and_imports_nothing_of_the_engine():
     outside = {m for m in imported if m.startswith("fl_lightning") and not m.startswith("fl_lightning.sweep")}
     assert outside == {
         "fl_lightning.config",  # fit's parser: what a run's arguments resolve to
+        "fl_lightning.config.legacy",  # a config.yaml written with the former dataset spellings
         "fl_lightning.errors",
         "fl_lightning.lightning.checkpoint",  # the rounds a last.ckpt holds
         "fl_lightning.runs",
