@@ -101,6 +101,7 @@ class RunSpec:
         integer_labels: Whether the training targets are integer class labels (single-label data).
         grad_scaler: The local steps run through a gradient scaler (``trainer.precision=16-mixed``), which
             steps the optimizer itself: :meth:`Strategy.local_step` is then not called.
+        unseen: Clients held out of training (``data.unseen_clients``): never sampled, evaluated only.
     """
 
     task: Task
@@ -109,6 +110,7 @@ class RunSpec:
     input_shape: tuple[int, ...]
     integer_labels: bool = True
     grad_scaler: bool = False
+    unseen: frozenset[int] = frozenset()
 
 
 @dataclass

@@ -280,6 +280,7 @@ class Engine:
             input_shape=tuple(first.x.shape[1:]),
             integer_labels=labels.dim() == 1 and not labels.is_floating_point(),
             grad_scaler=getattr(self.precision, "scaler", None) is not None,
+            unseen=frozenset(self.unseen),
         )
 
     @property

@@ -13,6 +13,7 @@ from fl_lightning.api import (
     ClientContext,
     Entry,
     RoundInfo,
+    RunSpec,
     Strategy,
     register_strategy,
     weighted_mean,
@@ -62,7 +63,8 @@ class CFL(Strategy):
     mean, ``theta_c <- theta_c + eta_s (sum_i n_i/n_c w_i - theta_c)`` (``eta_s`` = ``server_lr``; the
     authors' code averages uniformly). Later rounds test each cluster again: splits recurse. The paper's
     extra guard on the cross-cluster similarity is not applied (nor is it in the authors' code). A split needs
-    every client of the cluster in the round (the bi-partition is over all of them); with partial
+    every client of the cluster in the round (the bi-partition is over all of them; the unseen clients of
+    ``data.unseen_clients``, which never train, are not waited for and stay in cluster 0); with partial
     participation a cluster that meets the criterion waits for such a round (logged).
 
     **Record.** Each split is logged (round, cluster, its two parts); the round metrics hold ``cfl/clusters``,
@@ -114,6 +116,7 @@ class CFL(Strategy):
         self._model: list[nn.Module] = []  # not a submodule
         self._entries: list[Entry] = []
         self._metrics: dict[str, float] = {}
+        self._held_out: frozenset[int] = frozenset()  # unseen clients: in cluster 0, never in a round
 
     # ------------------------------------------------------------------------------------ setup
     def setup(self, model: nn.Module, num_clients: int) -> None:
@@ -139,6 +142,11 @@ class CFL(Strategy):
                 current = getattr(self, name)
                 setattr(self, name, torch.empty(saved.shape, dtype=current.dtype, device=current.device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def check(self, model: nn.Module, spec: RunSpec) -> None:
+        """Note the clients held out of training (``data.unseen_clients``): a split never waits for them."""
+        super().check(model, spec)
+        self._held_out = spec.unseen
 
     @property
     def num_clusters(self) -> int:
@@ -168,6 +176,11 @@ class CFL(Strategy):
         super().personalize(module, client_id, state)
 
     # --------------------------------------------------------------------------------- server side
+    def _trainable(self, cluster: int) -> int:
+        """The clients of ``cluster`` that can take part in a round (all but the unseen ones)."""
+        ids = (self.cluster_of == cluster).nonzero().flatten().tolist()
+        return sum(1 for cid in ids if cid not in self._held_out)
+
     def aggregator(self) -> Aggregator:
         """Every upload kept (the split needs each client's update)."""
         return Aggregator(reduce=self.keep)
@@ -201,7 +214,7 @@ class CFL(Strategy):
                 mean_norm, top, self.eps_1, self.eps_2, len(members)
             ):
                 continue
-            if len(members) < int((self.cluster_of == c).sum()):
+            if len(members) < self._trainable(c):
                 log.info(
                     "CFL: round %d: cluster %d meets the split criterion but not all its clients took part",
                     info.round,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fl_lightning.api import RoundInfo
+from fl_lightning.api import RoundInfo, RunSpec
 from fl_lightning.api.client import ClientModule
 from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import main
@@ -108,6 +108,15 @@ def test_a_cluster_of_two_clients_or_with_absent_clients_does_not_split():
     strategy, model = _setup(num_clients=7)  # client 6 is in cluster 0 but not in the round
     _round(strategy, model, _opposing(), round=1)
     assert strategy.num_clusters == 1
+
+
+def test_an_unseen_client_is_not_waited_for():
+    """Client 6 of cluster 0 is held out of training (data.unseen_clients): the split happens without it,
+    and it stays in cluster 0."""
+    strategy, model = _setup(num_clients=7)
+    strategy.check(model, RunSpec("multiclass", 10, 7, (4,), unseen=frozenset({6})))
+    _round(strategy, model, _opposing(), round=1)
+    assert strategy.num_clusters == 2 and strategy.cluster_of[6] == 0
 
 
 def test_splits_recurse_within_a_cluster():
