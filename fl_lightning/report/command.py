@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import fnmatch
 import html
 import logging
+import re
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from fl_lightning.report import figures
@@ -65,7 +68,38 @@ def _parser() -> argparse.ArgumentParser:
         help="x-axis of the curves: rounds and, where a clock ran, simulated time (auto); or only one",
     )
     p.add_argument("--target", type=float, default=None, help="e.g. 0.8: time/bytes-to-target bars")
+    p.add_argument(
+        "--curve",
+        nargs="+",
+        default=[],
+        metavar="TAG",
+        help="also draw these curves.csv columns, e.g. global_train/loss (a loss as it is, accuracy in %%)",
+    )
+    p.add_argument(
+        "--rows", nargs="+", default=None, metavar="PATTERN", help="only the rows matching, e.g. 't300/*'"
+    )
+    p.add_argument(
+        "--facet",
+        action="store_true",
+        help="one panel per first segment of the row names (s0/fedavg, s50/fedavg: panels s0, s50)",
+    )
     return p
+
+
+def _caption(stem: str) -> str:
+    """A figure's caption (a ``--curve`` column's: what its lines and bands are)."""
+    if stem in CAPTIONS:
+        return CAPTIONS[stem]
+    clock = "simulated time" if stem.endswith("_sim") else "rounds"
+    return (
+        f"A curves.csv column (--curve) against {clock}, per row: the mean over seeds, the band ± the "
+        "sample std."
+    )
+
+
+def _slug(tag: str) -> str:
+    """A curves.csv column as a file name part (``global_train/loss``: ``global_train_loss``)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", tag).strip("_")
 
 
 def _summary_value(s: dict, key: str) -> float | None:
@@ -147,7 +181,7 @@ def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) ->
         data = base64.b64encode(png.read_bytes()).decode()
         parts.append(
             f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(CAPTIONS.get(png.stem, ''))} <i>{html.escape(png.name)}, "
+            f"<figcaption>{html.escape(_caption(png.stem))} <i>{html.escape(png.name)}, "
             f"{html.escape(png.with_suffix('.svg').name)}</i>"
             "</figcaption></figure>"
         )
@@ -165,12 +199,24 @@ def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) ->
 
 
 def report(
-    folder: Path, out: Path | None = None, clock: str = "auto", target: float | None = None
+    folder: Path,
+    out: Path | None = None,
+    clock: str = "auto",
+    target: float | None = None,
+    curves: Sequence[str] = (),
+    rows: Sequence[str] | None = None,
+    facet: bool = False,
 ) -> list[str]:
     """Draw the figures of ``folder`` into ``out`` and write ``index.html``; return the problems (one line
-    each). Raises ``FileNotFoundError`` (one line) when there is no finished run."""
+    each). ``curves``: more curves.csv columns to draw; ``rows``: only the rows matching these patterns;
+    ``facet``: a panel per first row segment. Raises ``FileNotFoundError`` (one line) when there is no
+    finished run."""
     col = discover(folder)
     problems = list(col.problems)
+    if rows:
+        col.rows = {r: runs for r, runs in col.rows.items() if any(fnmatch.fnmatch(r, p) for p in rows)}
+        if not col.rows:
+            raise FileNotFoundError(f"report: no row of {folder} matches --rows {' '.join(rows)}")
     if not col.runs:
         raise FileNotFoundError(
             f"report: no finished run under {folder} (a run folder has summary.json; a sweep output has "
@@ -203,14 +249,19 @@ def report(
     name = figures.METRIC_NAMES.get(metric, metric)
     tag = f"global/{metric}"
     files: list[Path] = []
-    if clock != "sim" or not clocked:
-        files += figures.curves_figure(
-            rows, tag, "round", out, "curve_rounds", f"Global {name} against rounds"
-        )
-    if clock != "round" and clocked:
-        files += figures.curves_figure(
-            clocked, tag, "sim_time_s", out, "curve_sim", f"Global {name} against simulated time"
-        )
+    for extra, title in [(tag, f"Global {name}"), *((c, c) for c in curves)]:
+        stem = "curve" if extra == tag else f"curve_{_slug(extra)}"
+        if not any(extra in c for r in col.runs for c in r.curves):
+            problems.append(f"--curve {extra}: no run's curves.csv has this column; not drawn")
+            continue
+        if clock != "sim" or not clocked:
+            files += figures.curves_figure(
+                rows, extra, "round", out, f"{stem}_rounds", f"{title} against rounds", facet
+            )
+        if clock != "round" and clocked:
+            files += figures.curves_figure(
+                clocked, extra, "sim_time_s", out, f"{stem}_sim", f"{title} against simulated time", facet
+            )
     if any(f"personal/{metric}" in c for r in col.runs for c in r.curves):
         files += figures.curves_figure(
             rows,
@@ -219,6 +270,7 @@ def report(
             out,
             "curve_personal",
             f"Deployed models' {name} (personal/*)",
+            facet,
         )
     files += figures.clients_figure(rows, metric, out)
     files += figures.groups_figure(rows, metric, out)
@@ -235,7 +287,7 @@ def main(argv: list[str]) -> None:
     """Entry point of ``python -m fl_lightning report``; exits 1 when nothing could be drawn."""
     args = _parser().parse_args(argv)
     try:
-        problems = report(args.folder, args.out, args.clock, args.target)
+        problems = report(args.folder, args.out, args.clock, args.target, args.curve, args.rows, args.facet)
     except FileNotFoundError as err:
         sys.stderr.write(f"error: {err}\n")
         sys.exit(1)

@@ -83,38 +83,74 @@ def save(fig: Any, out: Path, name: str) -> list[Path]:
     return paths
 
 
-def curves_figure(
-    rows: dict[str, list[RunFiles]], tag: str, clock: str, out: Path, name: str, title: str
-) -> list[Path]:
-    """``tag`` against rounds (``clock="round"``) or simulated time, one line per row, mean ± std bands."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    drawn = 0
+def in_percent(tag: str) -> bool:
+    """Whether curves.csv's ``tag`` is a fraction drawn in % (an accuracy-like metric; not a loss)."""
+    return tag.rsplit("/", 1)[-1] in METRIC_NAMES
+
+
+def panels_of(rows: dict[str, list[RunFiles]], facet: bool) -> dict[str, dict[str, list[RunFiles]]]:
+    """The rows by panel: one panel of every row, or (``facet``) one per first segment of the row names
+    (``s50/fedavg`` is line ``fedavg`` of panel ``s50``)."""
+    if not facet:
+        return {"": rows}
+    out: dict[str, dict[str, list[RunFiles]]] = {}
     for row, runs in rows.items():
-        xs, m, s = band_by_round(runs, tag) if clock == "round" else band_by_time(runs, tag, clock)
-        if not xs:
-            continue
-        n = len(runs)
-        (line,) = ax.plot(
-            xs, [100 * v for v in m], label=f"{row} (n={n})", marker="." if len(xs) < 30 else None
-        )
-        if n > 1:
-            lo = [100 * (a - b) for a, b in zip(m, s, strict=True)]
-            hi = [100 * (a + b) for a, b in zip(m, s, strict=True)]
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-        drawn += 1
+        panel, _, line = row.partition("/")
+        out.setdefault(panel if line else "", {})[line or row] = runs
+    return out
+
+
+def curves_figure(
+    rows: dict[str, list[RunFiles]],
+    tag: str,
+    clock: str,
+    out: Path,
+    name: str,
+    title: str,
+    facet: bool = False,
+) -> list[Path]:
+    """``tag`` against rounds (``clock="round"``) or simulated time, one line per row, mean ± std bands; an
+    accuracy-like tag in %, others (a loss) as they are; with ``facet`` one panel per first row segment."""
+    plt = pyplot()
+    pct = in_percent(tag)
+    scale = 100.0 if pct else 1.0
+    panels = panels_of(rows, facet)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(max(7, 4.6 * len(panels)), 4.2), squeeze=False, sharey=True
+    )
+    drawn = 0
+    for ax, (panel, lines) in zip(axes[0], panels.items(), strict=True):
+        for row, runs in lines.items():
+            xs, m, s = band_by_round(runs, tag) if clock == "round" else band_by_time(runs, tag, clock)
+            if not xs:
+                continue
+            n = len(runs)
+            (line,) = ax.plot(
+                xs, [scale * v for v in m], label=f"{row} (n={n})", marker="." if len(xs) < 30 else None
+            )
+            if n > 1:
+                lo = [scale * (a - b) for a, b in zip(m, s, strict=True)]
+                hi = [scale * (a + b) for a, b in zip(m, s, strict=True)]
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+            drawn += 1
+        if clock == "round":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round (server steps)" if clock == "round" else "simulated time (s)")
+        ax.grid(alpha=0.3)
+        if panel:
+            ax.set_title(panel)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(title="row (seeds): mean ± std", fontsize=8)
     if not drawn:
         plt.close(fig)
         return []
-    if clock == "round":
-        from matplotlib.ticker import MaxNLocator
-
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round (server steps)" if clock == "round" else "simulated time (s)")
-    ax.set_ylabel(f"{tag} (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(title="row (seeds): mean ± std", fontsize=8)
+    axes[0][0].set_ylabel(f"{tag} (%)" if pct else tag)
+    if len(panels) > 1:
+        fig.suptitle(title)
+    else:
+        axes[0][0].set_title(title)
     return save(fig, out, name)
 
 

@@ -99,3 +99,43 @@ def test_a_folder_without_runs_is_one_error_line(tmp_path):
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "no finished run under" in res.stderr
+
+
+def test_a_loss_curve_is_drawn_as_it_is_and_rows_filter_and_facet(tmp_path, monkeypatch):
+    """--curve draws any curves.csv column (a loss unscaled, an accuracy in %), --rows keeps the matching
+    rows only, --facet puts each first row segment in its own panel; a missing column is one line."""
+    from fl_lightning.report import figures
+
+    out = tmp_path / "sweep"
+    for panel in ("s0", "s90"):
+        for method, acc in (("fedavg", [0.2, 0.4]), ("fedprox", [0.3, 0.5])):
+            run = craft(out / panel / method / "seed0", acc)
+            rows = [
+                {"round": i + 1, "global/acc": a, "global_train/loss": 2.0 - a} for i, a in enumerate(acc)
+            ]
+            _csv(run / "curves.csv", rows)
+    drawn: list[tuple] = []
+    real = figures.curves_figure
+
+    def spy(rows, tag, clock, out_dir, name, title, facet=False):
+        drawn.append((sorted(rows), tag, name, facet, figures.panels_of(rows, facet)))
+        return real(rows, tag, clock, out_dir, name, title, facet)
+
+    monkeypatch.setattr(figures, "curves_figure", spy)
+    problems = report(
+        out, tmp_path / "rep", curves=["global_train/loss", "nope/x"], rows=["s*/fed*"], facet=True
+    )
+    assert problems == ["--curve nope/x: no run's curves.csv has this column; not drawn"]
+    loss = next(d for d in drawn if d[1] == "global_train/loss")
+    assert loss[2] == "curve_global_train_loss_rounds" and loss[3] is True
+    assert {p: sorted(lines) for p, lines in loss[4].items()} == {
+        "s0": ["fedavg", "fedprox"],
+        "s90": ["fedavg", "fedprox"],
+    }
+    assert (tmp_path / "rep" / "curve_global_train_loss_rounds.svg").is_file()
+    assert figures.in_percent("global/acc") and not figures.in_percent("global_train/loss")
+    drawn.clear()
+    report(out, tmp_path / "rep2", rows=["s90/*"])
+    assert drawn[0][0] == ["s90/fedavg", "s90/fedprox"] and drawn[0][3] is False
+    with pytest.raises(FileNotFoundError, match="no row of .* matches --rows t300"):
+        report(out, tmp_path / "rep3", rows=["t300/*"])
