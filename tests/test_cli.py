@@ -439,12 +439,32 @@ BAD_INPUTS = [
         "error: model.system.fraction=1.1 must be in [0, 1]",
     ),
     (
-        ["--model.system=Devices", "--model.system.deadline_s=0.01"],
-        "error: model.system.deadline_s=0.01 is shorter than every client's round: the fastest, client",
+        ["--model.system=Devices", "--model.round_policy.deadline_s=0.01"],
+        "error: model.round_policy.deadline_s=0.01 is shorter than every client's round: the fastest, client",
     ),
     (
-        ["--model.system=Devices", "--model.system.policy=cut"],
-        "error: model.system.policy",
+        ["--model.system=Devices", "--model.system.deadline_s=0.01"],  # the former spelling: the same line
+        "error: model.round_policy.deadline_s=0.01 is shorter than every client's round: the fastest, client",
+    ),
+    (
+        ["--model.system=Devices", "--model.round_policy.policy=cut"],
+        "error: model.round_policy.policy",
+    ),
+    (
+        ["--model.system=Devices", "--model.system.init_args.policy=cut"],
+        "error: model.round_policy.policy",
+    ),
+    (
+        ["--model.round_policy.over_selection=-1"],
+        "error: model.round_policy.over_selection=-1",
+    ),
+    (
+        ["--model.round_policy.max_sim_time_s=100"],
+        "error: model.round_policy.max_sim_time_s=100 needs a simulated clock, which a run without model.system",
+    ),
+    (
+        ["--model.system=Stragglers", "--model.round_policy.deadline_s=30"],
+        "error: model.round_policy.deadline_s=30 cannot act with model.system=Stragglers",
     ),
     (
         ["--model.system=Stragglers", "--model.system.fraction=0.5", "--model.local_epochs=1"],
@@ -927,6 +947,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         ("models (model.client.init_args.net", "CharLSTM"),
         ("datasets (--data.dataset=NAME)", "FedProxSynthetic"),
         ("systems (--model.system=NAME)", "Stragglers"),
+        ("round_policy (--model.round_policy.NAME=VALUE)", "deadline_s, policy (drop|partial)"),
     ]:
         assert section in out and name in out, section
     with pytest.raises(SystemExit):
@@ -938,7 +959,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         main(["list", "optimizers"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: list: 'optimizers' is not one of " + (
-        "strategies, models, datasets, partitions, transforms, systems\n"
+        "strategies, models, datasets, partitions, transforms, systems, round_policy\n"
     )
     # a listed name the old listing spelled differently (fast_slow) is taken by the CLI
     with pytest.raises(SystemExit):
