@@ -460,7 +460,8 @@ BAD_INPUTS = [
     ),
     (
         ["--model.round_policy.max_sim_time_s=100"],
-        "error: model.round_policy.max_sim_time_s=100 needs a simulated clock, which a run without model.system",
+        "error: model.round_policy.max_sim_time_s=100 needs a simulated clock, which a run without "
+        "model.system",
     ),
     (
         ["--model.system=Stragglers", "--model.round_policy.deadline_s=30"],
@@ -930,6 +931,27 @@ def test_every_cpu_config_runs_a_round(config, tmp_path):
         "--model.eval_clients_every=0",
     )
     assert list((tmp_path / "lightning_logs").rglob("summary.json"))
+
+
+def test_the_round_policy_inside_the_system_model_as_spelled_before_gives_the_same_run(tmp_path):
+    """``--model.system.init_args.<policy field>`` (the recipes' spelling before ``model.round_policy``) runs
+    the run of ``--model.round_policy.<field>``: the same config.yaml, the same rounds on the same clock."""
+    devices = ["--model.system=Devices", "--model.system.speed=20", "--model.participation=0.5"]
+    new = ["--model.round_policy.deadline_s=2", "--model.round_policy.policy=partial"]
+    new += ["--model.round_policy.over_selection=0.5", "--model.round_policy.max_sim_time_s=100"]
+    old = ["--model.system.init_args.deadline_s=2", "--model.system.policy=partial"]
+    old += ["--model.system.init_args.over_selection=0.5", "--model.system.max_sim_time_s=100"]
+    runs = {}
+    for name, args in (("new", new), ("old", old)):
+        run_cli(tmp_path / name, "fit", *FAST, "--model.local_steps=4", *devices, *args)
+        version = tmp_path / name / "lightning_logs" / "version_0"
+        runs[name] = ((version / "config.yaml").read_text(), read_summary(version))
+    (config, summary), (old_config, old_summary) = runs["new"], runs["old"]
+    assert "round_policy:\n    deadline_s: 2.0\n    policy: partial\n    over_selection: 0.5" in config
+    assert old_config.replace(str(tmp_path / "old"), str(tmp_path / "new")) == config
+    assert summary["partial_clients"] > 0 and summary["sim_time_s"] > 0
+    for key in ("sim_time_s", "partial_clients", "late_clients", "bytes_up", "final_accuracy"):
+        assert old_summary.get(key) == summary.get(key), key
 
 
 def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
