@@ -479,7 +479,7 @@ def test_a_checkpoint_that_saved_the_round_policy_inside_the_system_model_loads_
     flat = saved["fl_lightning"]["hparams"]
     for name in fields:
         flat[f"model.system.{name}"] = flat.pop(f"model.round_policy.{name}")
-    old = tmp_path / "old.ckpt"
+    old = last  # in its run folder, as written
     torch.save(saved, old)
 
     model = FederatedModule.load_from_checkpoint(old)
