@@ -22,7 +22,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -228,15 +228,19 @@ def rebuild(
     key: str,
     section: str,
     overrides: Mapping[str, Any],
+    upgrade: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> Any:
     """``cls`` built with the constructor config that ``checkpoint`` (read from ``path``) saved under
-    ``key`` (:func:`saved_config`; ``section`` names its fields), ``overrides`` replacing arguments.
+    ``key`` (:func:`saved_config`; ``section`` names its fields), ``overrides`` replacing arguments;
+    ``upgrade`` rewrites the saved config first (arguments spelled as an earlier version saved them).
 
     Raises:
         ConfigError: see :func:`saved_config` and :func:`instantiate`.
     """
     params = inspect.signature(cls.__init__).parameters
     config = saved_config(checkpoint, path, key, section)
+    if upgrade is not None:
+        config = dict(upgrade(config))
     args = {
         name: instantiate(value, f"{section}.{name}")
         for name, value in config.items()

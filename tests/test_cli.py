@@ -439,12 +439,33 @@ BAD_INPUTS = [
         "error: model.system.fraction=1.1 must be in [0, 1]",
     ),
     (
-        ["--model.system=Devices", "--model.system.deadline_s=0.01"],
-        "error: model.system.deadline_s=0.01 is shorter than every client's round: the fastest, client",
+        ["--model.system=Devices", "--model.round_policy.deadline_s=0.01"],
+        "error: model.round_policy.deadline_s=0.01 is shorter than every client's round: the fastest, client",
     ),
     (
-        ["--model.system=Devices", "--model.system.policy=cut"],
-        "error: model.system.policy",
+        ["--model.system=Devices", "--model.system.deadline_s=0.01"],  # the former spelling: the same line
+        "error: model.round_policy.deadline_s=0.01 is shorter than every client's round: the fastest, client",
+    ),
+    (
+        ["--model.system=Devices", "--model.round_policy.policy=cut"],
+        "error: model.round_policy.policy",
+    ),
+    (
+        ["--model.system=Devices", "--model.system.init_args.policy=cut"],
+        "error: model.round_policy.policy",
+    ),
+    (
+        ["--model.round_policy.over_selection=-1"],
+        "error: model.round_policy.over_selection=-1",
+    ),
+    (
+        ["--model.round_policy.max_sim_time_s=100"],
+        "error: model.round_policy.max_sim_time_s=100 needs a simulated clock, which a run without "
+        "model.system",
+    ),
+    (
+        ["--model.system=Stragglers", "--model.round_policy.deadline_s=30"],
+        "error: model.round_policy.deadline_s=30 cannot act with model.system=Stragglers",
     ),
     (
         ["--model.system=Stragglers", "--model.system.fraction=0.5", "--model.local_epochs=1"],
@@ -912,6 +933,27 @@ def test_every_cpu_config_runs_a_round(config, tmp_path):
     assert list((tmp_path / "lightning_logs").rglob("summary.json"))
 
 
+def test_the_round_policy_inside_the_system_model_as_spelled_before_gives_the_same_run(tmp_path):
+    """``--model.system.init_args.<policy field>`` (the recipes' spelling before ``model.round_policy``) runs
+    the run of ``--model.round_policy.<field>``: the same config.yaml, the same rounds on the same clock."""
+    devices = ["--model.system=Devices", "--model.system.speed=20", "--model.participation=0.5"]
+    new = ["--model.round_policy.deadline_s=2", "--model.round_policy.policy=partial"]
+    new += ["--model.round_policy.over_selection=0.5", "--model.round_policy.max_sim_time_s=100"]
+    old = ["--model.system.init_args.deadline_s=2", "--model.system.policy=partial"]
+    old += ["--model.system.init_args.over_selection=0.5", "--model.system.max_sim_time_s=100"]
+    runs = {}
+    for name, args in (("new", new), ("old", old)):
+        run_cli(tmp_path / name, "fit", *FAST, "--model.local_steps=4", *devices, *args)
+        version = tmp_path / name / "lightning_logs" / "version_0"
+        runs[name] = ((version / "config.yaml").read_text(), read_summary(version))
+    (config, summary), (old_config, old_summary) = runs["new"], runs["old"]
+    assert "round_policy:\n    deadline_s: 2.0\n    policy: partial\n    over_selection: 0.5" in config
+    assert old_config.replace(str(tmp_path / "old"), str(tmp_path / "new")) == config
+    assert summary["partial_clients"] > 0 and summary["sim_time_s"] > 0
+    for key in ("sim_time_s", "partial_clients", "late_clients", "bytes_up", "final_accuracy"):
+        assert old_summary.get(key) == summary.get(key), key
+
+
 def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
     main(["list"])
     out = capsys.readouterr().out
@@ -927,6 +969,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         ("models (model.client.init_args.net", "CharLSTM"),
         ("datasets (--data.dataset=NAME)", "FedProxSynthetic"),
         ("systems (--model.system=NAME)", "Stragglers"),
+        ("round_policy (--model.round_policy.NAME=VALUE)", "deadline_s, policy (drop|partial)"),
     ]:
         assert section in out and name in out, section
     with pytest.raises(SystemExit):
@@ -938,7 +981,7 @@ def test_list_prints_the_names_each_config_field_takes(tmp_path, capsys):
         main(["list", "optimizers"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: list: 'optimizers' is not one of " + (
-        "strategies, models, datasets, partitions, transforms, systems\n"
+        "strategies, models, datasets, partitions, transforms, systems, round_policy\n"
     )
     # a listed name the old listing spelled differently (fast_slow) is taken by the CLI
     with pytest.raises(SystemExit):

@@ -15,7 +15,7 @@ from fl_lightning.data import (
     QuantitySkew,
     Rotation,
 )
-from fl_lightning.engine.system import Devices, Stragglers, SystemModel
+from fl_lightning.engine.system import Devices, RoundPolicy, Stragglers
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import CharLSTM, LogisticRegression
@@ -78,10 +78,10 @@ CASES = [
     (MixedSkew, "classes_per_client", [0], "data.partition.classes_per_client"),
     (CharLSTM, "hidden_size", [0, -1], "model.client.net.hidden_size"),
     (LogisticRegression, "input_dim", [0], "model.client.net.input_dim"),
-    (SystemModel, "deadline_s", [NAN, 0.0, -1.0, INF], "model.system.deadline_s"),
-    (SystemModel, "over_selection", [NAN, -0.5], "model.system.over_selection"),
-    (SystemModel, "target_accuracy", [NAN, 1.5], "model.system.target_accuracy"),
-    (SystemModel, "max_sim_time_s", [NAN, 0.0], "model.system.max_sim_time_s"),
+    (RoundPolicy, "deadline_s", [NAN, 0.0, -1.0, INF], "model.round_policy.deadline_s"),
+    (RoundPolicy, "over_selection", [NAN, -0.5], "model.round_policy.over_selection"),
+    (RoundPolicy, "target_accuracy", [NAN, 1.5], "model.round_policy.target_accuracy"),
+    (RoundPolicy, "max_sim_time_s", [NAN, 0.0], "model.round_policy.max_sim_time_s"),
     (Devices, "speed", [NAN, 0.0, INF], "model.system.speed"),
     (Devices, "speed_sigma", [NAN, -0.1], "model.system.speed_sigma"),
     (Devices, "download_mbps", [NAN, 0.0], "model.system.download_mbps"),

@@ -152,7 +152,7 @@ class FederatedSummary(Callback):
         self, trainer: Trainer, pl_module: LightningModule, per_client: dict, reason: str | None
     ) -> None:
         engine = getattr(pl_module, "engine", None)  # a FederatedModule's (this callback sits below it)
-        target = engine.system.target_accuracy if isinstance(engine, Engine) else None
+        target = engine.config.round_policy.target_accuracy if isinstance(engine, Engine) else None
         dm = getattr(trainer, "datamodule", None)
         split = getattr(dm, "val_split", "test")
         self.summary = summarize(pl_module.history, per_client, self._elapsed(), target, split=split)
@@ -417,7 +417,7 @@ def summarize(
     """The summary numbers from the per-round history and the final per-client metrics.
 
     With a simulated clock (``model.system``, asynchronous strategies) also ``sim_time_s``, the simulated time
-    of the whole run, and with a ``target`` (``model.system.target_accuracy``) ``sim_target`` and
+    of the whole run, and with a ``target`` (``model.round_policy.target_accuracy``) ``sim_target`` and
     ``sim_time_to_target_s``, the simulated time at the end of the first round whose global metric reached it
     (None: never).
     """

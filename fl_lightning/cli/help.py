@@ -33,7 +33,8 @@ DESCRIPTION = (
     "  validate  a checkpoint's global model on the validation split (--ckpt_path C.ckpt)\n"
     "  test      ... on the test set\n"
     "  predict   ... its predictions on the test set, in predictions.csv\n"
-    "  list      python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]\n"
+    "  list      python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems|\n"
+    "            round_policy]\n"
     "  sweep     python -m fl_lightning sweep FILE.yaml: fit runs over seeds, one table\n\n"
     "`--verbose` (anywhere) shows every message Lightning prints and a line per round."
 )

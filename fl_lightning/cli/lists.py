@@ -1,5 +1,5 @@
-"""``python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]``: the names a
-config takes."""
+"""``python -m fl_lightning list [WHAT]``: the names a config takes (strategies, models, datasets, partitions,
+transforms, systems, round_policy)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from fl_lightning.data.datasets import list_datasets
 from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.data.transforms import TRANSFORMS
 from fl_lightning.engine import system
+from fl_lightning.engine.system.policy import FIELDS as POLICY_FIELDS
 from fl_lightning.models import MODELS
 from fl_lightning.strategies import list_strategies
 
@@ -25,6 +26,7 @@ LISTS: dict[str, tuple[str, Any]] = {
     "partitions": ("--data.partition=NAME", lambda: [c.__name__ for c in PARTITIONERS.values()]),
     "transforms": ("--data.client_transform=NAME", lambda: [c.__name__ for c in TRANSFORMS.values()]),
     "systems": ("--model.system=NAME", lambda: system_models()),
+    "round_policy": ("--model.round_policy.NAME=VALUE", lambda: round_policy_fields()),
 }
 
 
@@ -42,9 +44,15 @@ def system_models() -> list[str]:
     ]
 
 
+def round_policy_fields() -> list[str]:
+    """The fields of the round policy (``model.round_policy``, ``fl_lightning.system.RoundPolicy``), which
+    every system model applies; ``policy`` with its values."""
+    return [f"{name} (drop|partial)" if name == "policy" else name for name in POLICY_FIELDS]
+
+
 def list_names(argv: list[str]) -> None:
-    """``python -m fl_lightning list [strategies|models|datasets|partitions|transforms|systems]``: the names a
-    config takes."""
+    """``python -m fl_lightning list [WHAT]``: the names a config takes (WHAT one of :data:`LISTS`; default
+    all)."""
     parser = argparse.ArgumentParser(
         prog="python -m fl_lightning list",
         description="The names a config takes, by config field.",

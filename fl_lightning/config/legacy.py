@@ -1,4 +1,5 @@
-"""The spellings of ``data.dataset`` from before datasets were classes, read as the classes.
+"""Former spellings, read as the current ones: ``data.dataset`` from before datasets were classes, and the
+round policy's fields from before the policy was its own object.
 
 Configs, recipes, command lines and the ``config.yaml`` of earlier runs name a dataset by its registry
 name and give its options in a field of the data module named after it; both keep working:
@@ -18,6 +19,18 @@ name and give its options in a field of the data module named after it; both kee
 ``--data.dataset=Shakespeare --data.dataset.max_windows=500``); the parser
 (:class:`~fl_lightning.config.parser.FederatedArgumentParser`) applies both before jsonargparse reads them,
 so ``--print_config`` and a new run's ``config.yaml`` show the class form.
+
+The round policy (``model.round_policy``, :class:`~fl_lightning.engine.system.policy.RoundPolicy`) was
+given inside the system model; those spellings keep working too:
+
+* ``--model.system.init_args.<field>=<v>`` and ``--model.system.<field>=<v>`` (``<field>`` one of
+  ``deadline_s``, ``policy``, ``over_selection``, ``target_accuracy``, ``max_sim_time_s``) are
+  ``--model.round_policy.<field>=<v>``; a JSON ``--model.system={"class_path": ..., "init_args": {...}}``
+  or ``--model.system.init_args={...}`` gives its policy fields to ``model.round_policy`` the same way;
+* ``model: {system: {class_path: ..., init_args: {deadline_s: 30, ...}}}`` in a config file or a run's
+  ``config.yaml`` is ``model: {system: {class_path: ..., init_args: {...}}, round_policy: {deadline_s: 30}}``
+  (:func:`~fl_lightning.engine.system.policy.upgrade_model`, which ``FederatedModule.load_from_checkpoint``
+  applies to a checkpoint's saved arguments too).
 """
 
 from __future__ import annotations
@@ -26,9 +39,13 @@ import inspect
 import json
 from typing import Any
 
-from fl_lightning.data.datasets import DATASETS, SYNTHETIC, DatasetSource, is_synthetic
+import yaml
 
-__all__ = ["former_fields", "upgrade_args", "upgrade_config", "upgrade_data"]
+from fl_lightning.data.datasets import DATASETS, SYNTHETIC, DatasetSource, is_synthetic
+from fl_lightning.engine.system.policy import FIELDS as POLICY_FIELDS
+from fl_lightning.engine.system.policy import upgrade_model
+
+__all__ = ["former_fields", "upgrade_args", "upgrade_config", "upgrade_data", "upgrade_policy_args"]
 
 #: The subcommands whose section of a root-level config file may hold a ``data`` section.
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -99,15 +116,22 @@ def upgrade_data(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def upgrade_config(config: Any) -> Any:
-    """A config mapping (a ``--config`` file's content) with its ``data`` sections upgraded."""
+    """A config mapping (a ``--config`` file's content) with its ``data`` and ``model`` sections upgraded."""
     if not isinstance(config, dict):
         return config
+    out = _upgrade_sections(config)
+    for sub in _SUBCOMMANDS:
+        if isinstance(out.get(sub), dict):
+            out[sub] = _upgrade_sections(out[sub])
+    return out
+
+
+def _upgrade_sections(config: dict[str, Any]) -> dict[str, Any]:
     out = dict(config)
     if isinstance(out.get("data"), dict):
         out["data"] = upgrade_data(out["data"])
-    for sub in _SUBCOMMANDS:
-        if isinstance(out.get(sub), dict) and isinstance(out[sub].get("data"), dict):
-            out[sub] = {**out[sub], "data": upgrade_data(out[sub]["data"])}
+    if isinstance(out.get("model"), dict):
+        out["model"] = upgrade_model(out["model"])
     return out
 
 
@@ -123,6 +147,64 @@ def _split_option(args: list[str], i: int) -> tuple[str, str | None, int]:
 
 
 def upgrade_args(args: list[str]) -> list[str]:
+    """A command line with the former spellings read as the current ones (see the module): the dataset's
+    (:func:`upgrade_dataset_args`) and the round policy's (:func:`upgrade_policy_args`)."""
+    return upgrade_policy_args(upgrade_dataset_args(args))
+
+
+def _option_value(value: Any) -> str:
+    """``value`` as a command line writes it (strings as they are, anything else as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def upgrade_policy_args(args: list[str]) -> list[str]:
+    """A command line with the round policy's fields given to the system model as ``model.round_policy``'s.
+
+    ``--model.system[.init_args].<field>=<v>`` becomes ``--model.round_policy.<field>=<v>`` in place; a
+    mapping given to ``--model.system`` or ``--model.system.init_args`` (JSON or YAML) loses its policy
+    fields, which follow it as ``--model.round_policy.<field>=<v>``.
+    """
+    if not any(str(a).startswith("--model.system") for a in args):
+        return list(args)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        token = str(args[i])
+        if not token.startswith("--model.system"):
+            out.append(token)
+            i += 1
+            continue
+        key, value, used = _split_option(args, i)
+        name = key.removeprefix("model.system.").removeprefix("init_args.")
+        if key.startswith("model.system.") and name in POLICY_FIELDS:
+            out.append(f"--model.round_policy.{name}" + ("" if value is None else f"={value}"))
+        elif key in ("model.system", "model.system.init_args") and value is not None and "{" in value:
+            out += _split_system_value(key, value) or [str(a) for a in args[i : i + used]]
+        else:
+            out += [str(a) for a in args[i : i + used]]
+        i += used
+    return out
+
+
+def _split_system_value(key: str, value: str) -> list[str] | None:
+    """``--<key>=<mapping>`` without the policy's fields, then those as ``--model.round_policy.<field>``
+    options; None when the value is not a mapping or holds none of them."""
+    try:
+        given = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(given, dict):
+        return None
+    system = given if key == "model.system" else {"init_args": given}
+    upgraded = upgrade_model({"system": system})
+    if "round_policy" not in upgraded:
+        return None
+    rest = upgraded["system"] if key == "model.system" else upgraded["system"]["init_args"]
+    policy = [f"--model.round_policy.{k}={_option_value(v)}" for k, v in upgraded["round_policy"].items()]
+    return [f"--{key}={json.dumps(rest)}", *policy]
+
+
+def upgrade_dataset_args(args: list[str]) -> list[str]:
     """A command line with the former spellings of ``data.dataset`` and its options as the class form.
 
     ``--data.dataset=<former name>`` becomes ``--data.dataset=<Class>`` (``synthetic:<like>`` also gives

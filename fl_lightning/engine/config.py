@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fl_lightning.engine.attack import SimulatedAttack
 from fl_lightning.engine.local import LocalConfig
-from fl_lightning.engine.system import SystemModel
+from fl_lightning.engine.system import RoundPolicy, SystemModel
 from fl_lightning.errors import ConfigError, check_number
 
 
@@ -25,8 +25,11 @@ class EngineConfig:
         attack: Simulated malicious clients, ``model.attack`` (None: every client is honest, unless an
             ``Attack`` plug-in in the strategy declares them: :func:`~fl_lightning.engine.attack.run_attack`).
         eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.
-        system: The clients as devices on a simulated clock, with the round's straggler policy
-            (``model.system``; None: every client online, equally fast, finishing its work).
+        system: The clients as devices on a simulated clock (``model.system``; None: every client online,
+            equally fast, finishing its work).
+        round_policy: What a round does with its slow clients, and the simulated run's goals
+            (``model.round_policy``: deadline, drop or partial work, over-selection, target accuracy, time
+            budget); the system model applies it.
     """
 
     local: LocalConfig
@@ -37,6 +40,7 @@ class EngineConfig:
     attack: SimulatedAttack | None = None
     eval_fraction: float = 1.0
     system: SystemModel | None = None
+    round_policy: RoundPolicy = field(default_factory=RoundPolicy)
 
     def __post_init__(self) -> None:
         """Refuse a bad value with one line naming its ``model.<field>`` (as the config spells it)."""
@@ -50,6 +54,8 @@ class EngineConfig:
             raise ConfigError(
                 f"model.system={self.system!r} must be a SystemModel (Devices, Trace, Stragglers)"
             )
+        if not isinstance(self.round_policy, RoundPolicy):
+            raise ConfigError(f"model.round_policy={self.round_policy!r} must be a RoundPolicy")
 
     @property
     def seed(self) -> int:

@@ -54,7 +54,7 @@ class SimulatedTime:
         round_s: The round's simulated seconds (a wait for a client to come online included).
         time_s: The clock at the round's end (the run's simulated time so far).
         online: Clients online when the round sampled (None: an asynchronous step, which dispatches).
-        late: Sampled clients that missed the deadline (``model.system.deadline_s``).
+        late: Sampled clients that missed the deadline (``model.round_policy.deadline_s``).
         partial: Late clients whose partial work was used (``policy: partial``).
         discarded: Clients whose work was not used (late under ``policy: drop``, over-selection's extras).
         dropped_out: Clients that dropped out mid-round (counted as failed too).

@@ -206,7 +206,8 @@ class Engine:
                 local_steps=local.local_steps,
                 bytes_down=nbytes,
                 bytes_up=nbytes,
-            )
+            ),
+            self.config.round_policy,
         )
         self._system = system
         if system.clocked:
@@ -219,13 +220,14 @@ class Engine:
         """The asynchronous schedule of ``strategy``, after refusing what it cannot run (one line each)."""
         name = type(strategy).__name__
         rounds_only = system.plans_rounds  # a preset of round-level work (Stragglers)
-        if system.deadline_s is not None or system.over_selection > 0 or rounds_only:
+        policy = system.round_policy
+        if policy.deadline_s is not None or policy.over_selection > 0 or rounds_only:
             what = (
                 f"model.system={type(system).__name__}"
                 if rounds_only
-                else "model.system.deadline_s"
-                if system.deadline_s is not None
-                else "model.system.over_selection"
+                else f"{policy.field}.deadline_s"
+                if policy.deadline_s is not None
+                else f"{policy.field}.over_selection"
             )
             raise ConfigError(
                 f"{what} shapes synchronous rounds; model.strategy={name} has none (a server step consumes "
@@ -594,12 +596,13 @@ class Engine:
         return reason
 
     def _budget_spent(self) -> str:
-        budget = self.system.max_sim_time_s
+        policy = self.system.round_policy
+        budget = policy.max_sim_time_s
         if budget is None or self.clock < budget:
             return ""
         return (
             f"the simulated time budget is spent (sim/time_s={self.clock:.6g} >= "
-            f"model.system.max_sim_time_s={budget:g})"
+            f"{policy.field}.max_sim_time_s={budget:g})"
         )
 
     # ------------------------------------------------------------------------------------ checkpoint

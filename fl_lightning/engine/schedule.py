@@ -236,7 +236,7 @@ class Rounds(Schedule):
             result.error = "no client was online when the round sampled"
             return
         if not plan.steps and not plan.dropped_out:
-            result.error = "every sampled client was late (model.system.policy=drop)"
+            result.error = "every sampled client was late (model.round_policy.policy=drop)"
         if not plan.dropped_out:
             return
         self.host.refuse_dropout(f"round {round}", plan.dropped_out[0])

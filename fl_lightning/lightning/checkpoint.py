@@ -33,6 +33,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
+from fl_lightning.engine.system.policy import upgrade_flat
 from fl_lightning.errors import ConfigError
 
 log = logging.getLogger("fl_lightning")
@@ -381,6 +382,7 @@ def check_resume(module: LightningModule, checkpoint: dict[str, Any], fingerprin
     saved = fl.get("hparams")
     if saved is None or not trainer.is_global_zero:
         return
+    saved = upgrade_flat(saved)  # the round policy's fields, saved under model.system before
     current = hyperparameters(module)
     changed = [
         f"{key} {saved.get(key, 'unset')} -> {current.get(key, 'unset')}"

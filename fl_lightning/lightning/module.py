@@ -33,7 +33,8 @@ from fl_lightning.engine.local import LocalConfig, cpu_threads
 from fl_lightning.engine.record import RoundRecord
 from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
 from fl_lightning.engine.state import ClientStateStore
-from fl_lightning.engine.system import SystemModel
+from fl_lightning.engine.system import RoundPolicy, SystemModel
+from fl_lightning.engine.system.policy import as_round_policy, upgrade_model
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.tensor import to_device
 from fl_lightning.hparams import global_seed, rebuild, record_hyperparameters
@@ -57,6 +58,7 @@ CLIENT_PREFIX = "z_client"
 
 _DEFAULT_CLIENT = lazy_default(ClientModule)
 _DEFAULT_STRATEGY = lazy_default(FedAvg)
+_DEFAULT_ROUND_POLICY = RoundPolicy()  # frozen: one shared default is safe
 
 
 class FederatedModule(LightningModule):
@@ -88,9 +90,13 @@ class FederatedModule(LightningModule):
             Median, TrimmedMean, Krum or NormBounded.
         system: The clients as devices on a simulated clock (null: off; every client online, equally fast,
             finishing its work): ``Devices`` (seeded speed, bandwidth, availability, dropout), ``Trace`` (a
-            CSV file) or ``Stragglers`` (FedProx's, with ``fraction``), with a round ``deadline_s``,
-            ``policy`` (``drop`` or ``partial`` work past it) and ``over_selection``. Logs
-            ``round/sim_time_s`` and ``sim/time_s``; see README, "System heterogeneity".
+            CSV file) or ``Stragglers`` (FedProx's, with ``fraction``). Logs ``round/sim_time_s`` and
+            ``sim/time_s``; see README, "System heterogeneity".
+        round_policy: What a round does with its slow clients, applied by ``system``: a round
+            ``deadline_s``, ``policy`` (``drop`` or ``partial`` work past it; the stragglers' under
+            ``Stragglers``), ``over_selection``, and the simulated run's ``target_accuracy`` and
+            ``max_sim_time_s`` (a :class:`~fl_lightning.system.RoundPolicy`, or a mapping of its fields;
+            e.g. ``--model.round_policy.deadline_s=30``).
         participation: Fraction of clients sampled per round, in (0, 1].
         clients_per_round: A fixed number of clients per round (overrides ``participation``).
         local_epochs: Local passes over the client's data per round (ignored if ``local_steps``).
@@ -150,6 +156,7 @@ class FederatedModule(LightningModule):
         strategy: Strategy = _DEFAULT_STRATEGY,
         attack: SimulatedAttack | None = None,
         system: SystemModel | None = None,
+        round_policy: RoundPolicy = _DEFAULT_ROUND_POLICY,
         participation: float = 1.0,
         clients_per_round: int | None = None,
         local_epochs: int = 2,
@@ -186,6 +193,8 @@ class FederatedModule(LightningModule):
         self.automatic_optimization = False
         self.eval_clients_every = eval_clients_every
         self.system = system
+        #: The round's policy (``model.round_policy``), which the system model applies.
+        self.round_policy = as_round_policy(round_policy)
         self.seed = seed
         self.threads_per_process = threads_per_process
         local = LocalConfig(  # the engine's configuration checks its own fields (one-line errors)
@@ -209,6 +218,7 @@ class FederatedModule(LightningModule):
             attack=attack,
             eval_fraction=eval_fraction,
             system=system,
+            round_policy=self.round_policy,
         )
         budget = None if state_memory_mb is None else int(state_memory_mb * 2**20)
         self.engine = Engine(self.client, self.strategy, config, ClientStateStore(budget, state_dir))
@@ -229,7 +239,14 @@ class FederatedModule(LightningModule):
         #: The checkpoint state of :meth:`load_from_checkpoint`, applied once a Trainer sets the module up.
         self._loaded_state: dict[str, Any] | None = None
         record_hyperparameters(
-            self, {**arguments, "client": self.client, "strategy": self.strategy, "seed": seed}
+            self,
+            {
+                **arguments,
+                "client": self.client,
+                "strategy": self.strategy,
+                "round_policy": self.round_policy,
+                "seed": seed,
+            },
         )
 
     # ------------------------------------------------------------------------------ wiring
@@ -655,7 +672,8 @@ class FederatedModule(LightningModule):
             raise ConfigError(
                 f"ckpt_path: {checkpoint_path} has no fl_lightning state; FederatedModule did not write it"
             )
-        module = rebuild(cls, checkpoint, checkpoint_path, cls.CHECKPOINT_HYPER_PARAMS_KEY, "model", kwargs)
+        key = cls.CHECKPOINT_HYPER_PARAMS_KEY
+        module = rebuild(cls, checkpoint, checkpoint_path, key, "model", kwargs, upgrade=upgrade_model)
         saved_net = fl.get("net")
         if saved_net is not None and "client" not in kwargs and saved_net != repr(module.client.net):
             net = type(module.client.net).__name__

@@ -128,13 +128,13 @@ def test_the_summary_reports_the_simulated_time_and_the_time_to_the_target():
 
 
 def test_a_run_with_a_system_model_writes_its_simulated_time(tmp_path):
-    from fl_lightning.engine.system import Devices
+    from fl_lightning.engine.system import Devices, RoundPolicy
     from fl_lightning.lightning.trainer import federated_trainer
     from fl_lightning.runs import read_summary
 
     from conftest import make_data, make_module
 
-    module = make_module(system=Devices(target_accuracy=0.05))
+    module = make_module(system=Devices(), round_policy=RoundPolicy(target_accuracy=0.05))
     trainer = federated_trainer(
         max_steps=2, default_root_dir=str(tmp_path), enable_progress_bar=False, accelerator="cpu"
     )

@@ -1,4 +1,5 @@
-"""fl_lightning.config.legacy: data.dataset as spelled before datasets were classes keeps working."""
+"""fl_lightning.config.legacy: data.dataset as spelled before datasets were classes, and the round policy as
+spelled inside model.system before it was its own object (model.round_policy), keep working."""
 
 from __future__ import annotations
 
@@ -112,4 +113,115 @@ def test_former_spellings_build_the_same_run_as_the_classes(tmp_path):
     assert facts["data.fedprox_synthetic"] == (
         "FedProxSyntheticData(alpha=0.5, beta=1.0, iid=False, num_devices=30, dimension=60, num_classes=10, "
         "train_fraction=0.9, seed=0)"
+    )
+
+
+# ---------------------------------------------------------------------------------------- the round policy
+DEVICES = "fl_lightning.engine.system.Devices"
+STRAGGLERS = "fl_lightning.engine.system.Stragglers"
+POLICY_DEFAULTS = {
+    "deadline_s": None,
+    "policy": "drop",
+    "over_selection": 0.0,
+    "target_accuracy": None,
+    "max_sim_time_s": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["fit", "--model.system=Devices", "--model.system.init_args.policy=partial", "--x=1"],
+            ["fit", "--model.system=Devices", "--model.round_policy.policy=partial", "--x=1"],
+        ),
+        (
+            ["--model.system.deadline_s", "30", "--model.system.speed=5"],
+            ["--model.round_policy.deadline_s=30", "--model.system.speed=5"],
+        ),
+        (
+            ['--model.system={"class_path": "Devices", "init_args": {"speed": 5, "max_sim_time_s": 100}}'],
+            [
+                '--model.system={"class_path": "Devices", "init_args": {"speed": 5}}',
+                "--model.round_policy.max_sim_time_s=100",
+            ],
+        ),
+        (
+            ["--model.system.init_args={over_selection: 0.3, target_accuracy: null}"],
+            [
+                "--model.system.init_args={}",
+                "--model.round_policy.over_selection=0.3",
+                "--model.round_policy.target_accuracy=null",
+            ],
+        ),
+        (  # the current spelling, and a system option that is not the policy's: as they are
+            ["--model.system.speed=5", "--model.round_policy.deadline_s=3", "--model.system=Trace"],
+            ["--model.system.speed=5", "--model.round_policy.deadline_s=3", "--model.system=Trace"],
+        ),
+    ],
+)
+def test_policy_command_lines(args, expected):
+    assert upgrade_args(args) == expected
+
+
+def test_a_former_config_with_the_policy_inside_the_system_model_is_the_round_policy():
+    old = {
+        "fit": {
+            "model": {
+                "system": {"class_path": STRAGGLERS, "init_args": {"fraction": 0.9, "policy": "partial"}}
+            }
+        }
+    }
+    assert upgrade_config(old) == {
+        "fit": {
+            "model": {
+                "system": {"class_path": STRAGGLERS, "init_args": {"fraction": 0.9}},
+                "round_policy": {"policy": "partial"},
+            }
+        }
+    }
+
+
+def test_former_policy_spellings_resolve_as_the_round_policy_and_a_sweep_finds_old_runs(tmp_path):
+    """The recipes' flags, a config file with the policy inside model.system and the config.yaml of a run
+    written before model.round_policy resolve to the config of the current spelling (the same run), and
+    the sweep's digest of such a config.yaml is the current one's (it finds the runs it did before)."""
+    from fl_lightning.config import resolver
+    from fl_lightning.sweep.folders import config_digest
+
+    resolve = resolver()
+    new_args = [
+        "--model.system=Devices",
+        "--model.round_policy.deadline_s=30",
+        "--model.round_policy.policy=partial",
+    ]
+    new = resolve(new_args, False)
+    assert new["model"]["round_policy"] == {**POLICY_DEFAULTS, "deadline_s": 30.0, "policy": "partial"}
+    assert "deadline_s" not in new["model"]["system"]["init_args"]
+    old_args = [
+        "--model.system=Devices",
+        "--model.system.init_args.deadline_s=30",
+        "--model.system.policy=partial",
+    ]
+    assert resolve(old_args, False) == new
+    # a run's config.yaml from before: the policy's fields among the system model's init_args, no round_policy
+    old = {**new, "model": {k: v for k, v in new["model"].items() if k != "round_policy"}}
+    system = new["model"]["system"]
+    old["model"]["system"] = {**system, "init_args": {**system["init_args"], **new["model"]["round_policy"]}}
+    assert config_digest(old) == config_digest(new)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert resolve([f"--config={path}"], False) == new
+    # without a system model, a former config.yaml has no policy at all: the default policy, the same digest
+    plain = resolve([], False)
+    assert plain["model"]["round_policy"] == POLICY_DEFAULTS
+    before = {**plain, "model": {k: v for k, v in plain["model"].items() if k != "round_policy"}}
+    assert config_digest(before) == config_digest(plain)
+    assert config_digest(before) != config_digest(
+        resolve(["--model.round_policy.target_accuracy=0.5"], False)
+    )
+    # FedProx's stragglers as the recipes spell them
+    stragglers = ["--model.system=Stragglers", "--model.system.fraction=0.9"]
+    assert resolve([*stragglers, "--model.system.init_args.policy=partial"], False) == resolve(
+        [*stragglers, "--model.round_policy.policy=partial"], False
     )

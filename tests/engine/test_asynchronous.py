@@ -9,7 +9,7 @@ import torch
 
 from fl_lightning.api import Aggregator
 from fl_lightning.engine.asynchronous import AsyncSchedule
-from fl_lightning.engine.system import Devices, Stragglers, Trace
+from fl_lightning.engine.system import Devices, RoundPolicy, Stragglers, Trace
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import DP, FedAsync, FedAvg, FedBuff
@@ -119,8 +119,8 @@ def test_one_training_step_is_one_server_step(fit):
         ),
         (
             lambda: FedBuff(),
-            {"system": Devices(deadline_s=100.0)},
-            r"^model\.system\.deadline_s shapes synchronous",
+            {"system": Devices(), "round_policy": RoundPolicy(deadline_s=100.0)},
+            r"^model\.round_policy\.deadline_s shapes synchronous",
         ),
         (lambda: FedBuff(), {"system": Stragglers()}, r"^model\.system=Stragglers shapes synchronous rounds"),
         (lambda: DP(FedBuff()), {}, r"^model\.strategy: DP cannot wrap FedBuff, an asynchronous strategy"),

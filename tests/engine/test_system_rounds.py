@@ -10,7 +10,7 @@ import torch
 from fl_lightning.api import ClientModule, Vectorizable
 from fl_lightning.data import IID
 from fl_lightning.engine import Engine, EngineConfig, LocalConfig, default_executor
-from fl_lightning.engine.system import Devices, Stragglers
+from fl_lightning.engine.system import Devices, RoundPolicy, Stragglers
 from fl_lightning.errors import RunError
 from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.models import MLP
@@ -49,8 +49,9 @@ def vectorised_engine(strategy, vectorize: int, **config) -> Engine:
 
 @pytest.mark.parametrize("vectorize", [1, 4])
 def test_partial_work_runs_exactly_the_planned_steps_and_fednova_counts_them(vectorize):
-    system = Devices(speed=60.0, speed_sigma=0.8, deadline_s=1.5, policy="partial")
-    engine = vectorised_engine(CountingNova(), vectorize, system=system)
+    system = Devices(speed=60.0, speed_sigma=0.8)
+    policy = RoundPolicy(deadline_s=1.5, policy="partial")
+    engine = vectorised_engine(CountingNova(), vectorize, system=system, round_policy=policy)
     for r in range(3):
         engine.run_round(r)
     cut = 0
@@ -68,7 +69,12 @@ def test_partial_work_runs_exactly_the_planned_steps_and_fednova_counts_them(vec
 def test_drop_and_partial_give_different_models_and_the_same_clock(fit):
     weights, clocks = {}, {}
     for policy in ("drop", "partial"):
-        module = make_module(local_steps=None, local_epochs=3, system=Stragglers(fraction=0.5, policy=policy))
+        module = make_module(
+            local_steps=None,
+            local_epochs=3,
+            system=Stragglers(fraction=0.5),
+            round_policy=RoundPolicy(policy=policy),
+        )
         fit(module, rounds=3)
         weights[policy] = global_weights(module)
         clocks[policy] = [r.sim.time_s for r in module.history]
@@ -121,7 +127,9 @@ def test_a_mid_round_dropout_is_a_failed_client():
 
 
 def test_over_selection_keeps_the_first_to_finish():
-    engine = make_engine(num_clients=8, participation=0.5, system=Devices(over_selection=0.5))
+    engine = make_engine(
+        num_clients=8, participation=0.5, system=Devices(), round_policy=RoundPolicy(over_selection=0.5)
+    )
     engine.run_round(0)
     record = engine.history[0]
     assert record.clients == 6 and record.sim.discarded == 2 and len(record.client_steps) == 4
@@ -136,7 +144,7 @@ def test_a_day_night_cycle_waits_for_a_client_to_come_online():
 
 
 def test_the_simulated_time_budget_ends_the_run_cleanly(fit):
-    module = make_module(system=Devices(max_sim_time_s=1.0))
+    module = make_module(system=Devices(), round_policy=RoundPolicy(max_sim_time_s=1.0))
     trainer = fit(module, rounds=10)
     assert trainer.global_step < 10 and module.history[-1].sim.time_s >= 1.0
     assert all(r.sim.time_s < 1.0 for r in module.history[:-1])
@@ -165,7 +173,10 @@ def test_the_round_logs_the_clock_to_tensorboard(tmp_path):
 
     from fl_lightning.runs import read_scalars
 
-    module = make_module(system=Stragglers(fraction=0.5, policy="partial"), local_steps=None, local_epochs=2)
+    policy = RoundPolicy(policy="partial")
+    module = make_module(
+        system=Stragglers(fraction=0.5), round_policy=policy, local_steps=None, local_epochs=2
+    )
     trainer = make_trainer(tmp_path, rounds=2, logger=TensorBoardLogger(str(tmp_path), name="tb"))
     trainer.fit(module, datamodule=make_data())
     scalars = read_scalars(trainer.log_dir)
@@ -193,16 +204,19 @@ def test_a_round_with_every_client_late_is_skipped_without_counting_as_failed():
 
 def test_a_setting_that_cannot_act_says_so_once(caplog):
     with caplog.at_level("WARNING", logger="fl_lightning"):
-        make_engine(num_clients=4, participation=1.0, system=Devices(over_selection=0.5))
-        make_engine(num_clients=4, participation=0.5, system=Devices(deadline_s=1e6))
+        make_engine(
+            num_clients=4, participation=1.0, system=Devices(), round_policy=RoundPolicy(over_selection=0.5)
+        )
+        make_engine(
+            num_clients=4, participation=0.5, system=Devices(), round_policy=RoundPolicy(deadline_s=1e6)
+        )
     said = [r.message for r in caplog.records if "cannot act" in r.message]
     assert len(said) == 2
-    assert said[0].startswith("model.system.over_selection=0.5 cannot act: every round samples all 4")
-    assert said[1].startswith("model.system.deadline_s=1e+06 cannot act: every client's full round fits")
+    assert said[0].startswith("model.round_policy.over_selection=0.5 cannot act: every round samples all 4")
+    assert said[1].startswith("model.round_policy.deadline_s=1e+06 cannot act: every client's full round")
     caplog.clear()
     with caplog.at_level("WARNING", logger="fl_lightning"):
-        engine = make_engine(
-            num_clients=8, participation=0.5, system=Devices(over_selection=0.5, deadline_s=0.2)
-        )
+        policy = RoundPolicy(over_selection=0.5, deadline_s=0.2)
+        engine = make_engine(num_clients=8, participation=0.5, system=Devices(), round_policy=policy)
         engine.run_round(0)
     assert not any("cannot act" in r.message for r in caplog.records)

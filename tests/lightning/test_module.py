@@ -455,3 +455,38 @@ def test_a_network_its_saved_arguments_do_not_rebuild_is_one_line_saying_to_pass
     loaded = FederatedModule.load_from_checkpoint(last, client=make_module().client)
     for k, v in global_weights(module).items():
         assert torch.equal(v, global_weights(loaded)[k]), k
+
+
+def test_a_checkpoint_that_saved_the_round_policy_inside_the_system_model_loads_and_resumes(tmp_path, caplog):
+    """A checkpoint written before ``model.round_policy`` (the policy's fields among the system model's
+    arguments, in its saved config and its flat hparams) rebuilds the same module and resumes without a
+    "changed hyperparameters" line."""
+    from fl_lightning.lightning import federated_trainer
+    from fl_lightning.lightning.module import FederatedModule
+    from fl_lightning.system import Devices, RoundPolicy
+
+    policy = RoundPolicy(deadline_s=1000.0, policy="partial", target_accuracy=0.5, max_sim_time_s=1e6)
+    fast = {"enable_progress_bar": False, "accelerator": "cpu", "devices": 1}
+    first = federated_trainer(max_steps=1, default_root_dir=tmp_path, **fast)
+    first.fit(_default_net_module(system=Devices(speed=50.0), round_policy=policy), datamodule=make_data())
+    last = Path(first.log_dir) / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    hparams = saved[FederatedModule.CHECKPOINT_HYPER_PARAMS_KEY]
+    assert hparams["round_policy"]["init_args"]["deadline_s"] == 1000.0  # the current form
+    # rewritten as before: the policy's fields among the system model's init_args
+    fields = hparams.pop("round_policy")["init_args"]
+    hparams["system"]["init_args"].update(fields)
+    flat = saved["fl_lightning"]["hparams"]
+    for name in fields:
+        flat[f"model.system.{name}"] = flat.pop(f"model.round_policy.{name}")
+    old = last  # in its run folder, as written
+    torch.save(saved, old)
+
+    model = FederatedModule.load_from_checkpoint(old)
+    assert model.round_policy == policy and model.system.speed == 50.0
+    resumed = federated_trainer(max_steps=2, default_root_dir=tmp_path, **fast)
+    with caplog.at_level("WARNING", logger="fl_lightning"):
+        resumed.fit(model, datamodule=make_data(), ckpt_path=str(old))
+    assert not [r for r in caplog.records if "changed hyperparameters" in r.getMessage()]
+    assert [r.round for r in model.history] == [0, 1]
+    assert model.system.round_policy is model.round_policy  # the one object the system model applies

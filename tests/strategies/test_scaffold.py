@@ -15,7 +15,7 @@ from torch import nn
 
 from fl_lightning import ClientModule, FederatedModule
 from fl_lightning.engine.local import LocalConfig, train_client
-from fl_lightning.engine.system import Stragglers
+from fl_lightning.engine.system import RoundPolicy, Stragglers
 from fl_lightning.errors import ConfigError
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.models import Decomposed, LeNet
@@ -169,9 +169,8 @@ def test_option_two_divides_by_the_steps_each_client_ran_under_partial_work():
             return payload
 
     strategy = Seen(variate="option_ii", correction="after_step")
-    engine = make_engine(
-        strategy, num_clients=4, local_steps=6, system=Stragglers(fraction=0.5, policy="partial")
-    )
+    system, policy = Stragglers(fraction=0.5), RoundPolicy(policy="partial")
+    engine = make_engine(strategy, num_clients=4, local_steps=6, system=system, round_policy=policy)
     x = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     engine.run_round(0)
     steps = engine.history[0].client_steps

@@ -1,11 +1,12 @@
-"""The client system model: devices on a simulated clock, and the straggler policy of a synchronous round.
+"""The client system model: devices on a simulated clock, and how a synchronous round applies its policy.
 
 A :class:`SystemModel` (``model.system``; off by default) gives every client a device (:meth:`profiles`: its
 compute speed, download and upload bandwidth, availability, mid-round dropout) and decides each synchronous
 round before any client trains (:meth:`plan`): which sampled clients train, how many local steps each runs
-(cut to what fits a deadline under ``policy: partial``), who drops out, and how long the round lasts on the
-simulated clock. The engine owns the clock and hands the executors exactly these steps, so a policy holds the
-same under one process, vectorised clients, several processes and Flower.
+(cut to what fits a deadline under ``policy: partial``: the round's
+:class:`~fl_lightning.engine.system.policy.RoundPolicy`, ``model.round_policy``), who drops out, and how long
+the round lasts on the simulated clock. The engine owns the clock and hands the executors exactly these
+steps, so a policy holds the same under one process, vectorised clients, several processes and Flower.
 
 Subclasses say where the devices come from: :class:`~fl_lightning.engine.system.devices.Devices` (seeded
 distributions), :class:`~fl_lightning.engine.system.trace.Trace` (a CSV file),
@@ -16,11 +17,11 @@ Sec. 5.2).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 
 from fl_lightning.engine.system.plan import RoundPlan
+from fl_lightning.engine.system.policy import RoundPolicy
 from fl_lightning.engine.system.profiles import Profiles
 from fl_lightning.engine.system.setup import Setup
 from fl_lightning.errors import ConfigError, check_number
@@ -49,46 +50,22 @@ class SystemModel:
 
     (``B`` the global model's communicated bytes, ``d_k``/``u_k`` Mbit/s, ``s_k`` local steps of batch ``b``,
     ``v_k`` samples/s); a synchronous round lasts as long as its slowest accepted client. With a deadline
-    ``D`` (``deadline_s``) a client with ``t_k > D`` is dropped (``policy: drop``) or runs the steps that fit,
-    ``floor((D - down - up) v_k / b)`` (``policy: partial``; dropped if none fits); the round then lasts until
-    ``D``. With over-selection ``r`` the round samples ``ceil((1 + r) K)`` clients and keeps the first ``K``
-    to finish (Bonawitz et al., MLSys 2019, Sec. 2.2), lasting until the ``K``-th arrival. Clients offline
-    when the round samples are not sampled; a client that drops out mid-round is a failed client of the round
-    (the engine's failure policy).
+    ``D`` (``model.round_policy.deadline_s``) a client with ``t_k > D`` is dropped (``policy: drop``) or runs
+    the steps that fit, ``floor((D - down - up) v_k / b)`` (``policy: partial``; dropped if none fits); the
+    round then lasts until ``D``. With over-selection ``r`` the round samples ``ceil((1 + r) K)`` clients and
+    keeps the first ``K`` to finish (Bonawitz et al., MLSys 2019, Sec. 2.2), lasting until the ``K``-th
+    arrival. Clients offline when the round samples are not sampled; a client that drops out mid-round is a
+    failed client of the round (the engine's failure policy).
 
-    Args:
-        deadline_s: The round's deadline in simulated seconds (None: the round waits for every client).
-        policy: What a client past the deadline contributes: ``drop`` (nothing) or ``partial`` (its local
-            steps cut to what fits).
-        over_selection: ``r >= 0``: sample ``ceil((1 + r) K)`` clients and keep the first ``K`` to finish.
-        target_accuracy: A global accuracy (a fraction) whose first simulated time ``summary.json`` reports
-            as ``sim_time_to_target_s`` (None: not reported).
-        max_sim_time_s: End the run cleanly once the simulated clock reaches this (None: no budget).
+    The policy (``deadline_s``, ``policy``, ``over_selection``: a
+    :class:`~fl_lightning.engine.system.policy.RoundPolicy`, ``model.round_policy``) is one object apart from
+    the devices; :meth:`bind` hands it over with the run, and :attr:`round_policy` is the policy of the run
+    bound (the default policy before).
     """
 
-    def __init__(
-        self,
-        deadline_s: float | None = None,
-        policy: Literal["drop", "partial"] = "drop",
-        over_selection: float = 0.0,
-        target_accuracy: float | None = None,
-        max_sim_time_s: float | None = None,
-    ) -> None:
-        field = self.field
-        if deadline_s is not None:
-            check_number(deadline_s, f"{field}.deadline_s", low=0, low_open=True, hint="(simulated seconds)")
-        if policy not in ("drop", "partial"):
-            raise ConfigError(f"{field}.policy={policy!r} must be 'drop' or 'partial'")
-        check_number(over_selection, f"{field}.over_selection", low=0, hint="e.g. 0.3 samples 30% more")
-        if target_accuracy is not None:
-            check_number(target_accuracy, f"{field}.target_accuracy", low=0, high=1, hint="(a fraction)")
-        if max_sim_time_s is not None:
-            check_number(max_sim_time_s, f"{field}.max_sim_time_s", low=0, low_open=True)
-        self.deadline_s = deadline_s
-        self.policy = policy
-        self.over_selection = over_selection
-        self.target_accuracy = target_accuracy
-        self.max_sim_time_s = max_sim_time_s
+    def __init__(self) -> None:
+        #: The round's policy (``model.round_policy``), given with the run by :meth:`bind`.
+        self.round_policy = RoundPolicy()
         self._setup: Setup | None = None
         self._profiles: Profiles | None = None
         self._down: list[float] = []
@@ -111,12 +88,14 @@ class SystemModel:
         """Every client's device, a function of ``(seed, client)``; subclasses say where they come from."""
         raise NotImplementedError
 
-    def bind(self, setup: Setup) -> None:
-        """Draw (or read) the devices for ``setup``'s run and check the configuration against it.
+    def bind(self, setup: Setup, round_policy: RoundPolicy | None = None) -> None:
+        """Draw (or read) the devices for ``setup``'s run, take its ``round_policy`` (None: the default) and
+        check the configuration against them.
 
         Raises:
             ConfigError: One line, before round 1, e.g. a deadline no client can meet.
         """
+        self.round_policy = RoundPolicy() if round_policy is None else round_policy
         self._setup = setup
         self._profiles = p = self.profiles(setup.num_clients, setup.seed)
         if len(p) != setup.num_clients:
@@ -147,11 +126,12 @@ class SystemModel:
 
     def check_deadline(self) -> None:
         """Refuse a deadline that no client can meet (with ``partial``: not even one step), in one line."""
-        deadline = self.deadline_s
+        policy = self.round_policy
+        deadline = policy.deadline_s
         if deadline is None:
             return
         s = self.setup
-        partial = self.policy == "partial"
+        partial = policy.policy == "partial"
         need = {c: self.client_seconds(c, 1 if partial else s.full_steps[c]) for c in range(s.num_clients)}
         fastest = min(need, key=lambda c: (need[c], c))
         if need[fastest] <= deadline:
@@ -162,10 +142,10 @@ class SystemModel:
         fix = (
             "raise it"
             if partial
-            else f"raise it, or set {self.field}.policy=partial (clients run the steps that fit)"
+            else f"raise it, or set {policy.field}.policy=partial (clients run the steps that fit)"
         )
         raise ConfigError(
-            f"{self.field}.deadline_s={deadline:g} is shorter than every client's round: the fastest, "
+            f"{policy.field}.deadline_s={deadline:g} is shorter than every client's round: the fastest, "
             f"client {fastest}, needs {need[fastest]:.3g} s ({self._down[fastest]:.3g} s download, "
             f"{compute:.3g} s for "
             f"{work} of {s.batch_size} samples at {self.devices.speed[fastest]:.3g} samples/s, "
@@ -176,21 +156,22 @@ class SystemModel:
         """Why settings of the round's policy cannot act in this run (none: each can): over-selection when
         every round samples every client, a deadline above every client's full round (no client is ever
         late). The engine logs each once, before round 1."""
-        s = self.setup
+        s, policy = self.setup, self.round_policy
         out = []
-        if self.over_selection > 0 and cohort >= s.num_clients:
+        if policy.over_selection > 0 and cohort >= s.num_clients:
             out.append(
-                f"{self.field}.over_selection={self.over_selection:g} cannot act: every round samples all "
-                f"{s.num_clients} clients (lower model.participation or model.clients_per_round to use it)"
+                f"{policy.field}.over_selection={policy.over_selection:g} cannot act: every round samples "
+                f"all {s.num_clients} clients (lower model.participation or model.clients_per_round to use "
+                "it)"
             )
-        if self.deadline_s is not None:
+        if policy.deadline_s is not None:
             need = {c: self.client_seconds(c, s.full_steps[c]) for c in range(s.num_clients)}
             slowest = max(need, key=lambda c: (need[c], -c))
-            if need[slowest] <= self.deadline_s:
+            if need[slowest] <= policy.deadline_s:
                 out.append(
-                    f"{self.field}.deadline_s={self.deadline_s:g} cannot act: every client's full round fits "
-                    f"(the slowest, client {slowest}, needs {need[slowest]:.3g} s), so no client is ever "
-                    "late; lower it to cut stragglers"
+                    f"{policy.field}.deadline_s={policy.deadline_s:g} cannot act: every client's full round "
+                    f"fits (the slowest, client {slowest}, needs {need[slowest]:.3g} s), so no client is "
+                    "ever late; lower it to cut stragglers"
                 )
         return out
 
@@ -231,7 +212,8 @@ class SystemModel:
     def sample_count(self, count: int, online: int) -> int:
         """Clients a round samples to keep ``count``: ``ceil((1 + r) count)`` with over-selection, at most the
         clients online."""
-        wanted = over_selected(count, self.over_selection) if self.over_selection > 0 else count
+        r = self.round_policy.over_selection
+        wanted = over_selected(count, r) if r > 0 else count
         return min(wanted, online)
 
     # ------------------------------------------------------------------------------ a round
@@ -239,21 +221,22 @@ class SystemModel:
         """Decide round ``round`` of the ``sampled`` clients (``cohort`` = ``K``, the clients a round keeps).
 
         Dropouts (drawn for the round) fail; every other client's full work is timed; past the deadline a
-        client is dropped or cut (:attr:`policy`); with over-selection the first ``cohort`` to finish stay.
+        client is dropped or cut (``round_policy.policy``); with over-selection the first ``cohort`` to
+        finish stay.
         """
-        s = self.setup
+        s, policy = self.setup, self.round_policy
         dropped = self.dropouts(round, sampled)
         out = set(dropped)
         steps = {c: s.full_steps[c] for c in sampled if c not in out}
         finish = {c: self.client_seconds(c, n) for c, n in steps.items()}
         late: list[int] = []
         partial: list[int] = []
-        deadline = self.deadline_s
+        deadline = policy.deadline_s
         if deadline is not None:
             for c in sorted(steps):
                 if finish[c] <= deadline:
                     continue
-                fit = min(self.steps_within(c, deadline), steps[c]) if self.policy == "partial" else 0
+                fit = min(self.steps_within(c, deadline), steps[c]) if policy.policy == "partial" else 0
                 if fit >= 1:
                     steps[c], finish[c] = fit, self.client_seconds(c, fit)
                     partial.append(c)
@@ -261,7 +244,7 @@ class SystemModel:
                     late.append(c)
                     del steps[c], finish[c]
         discarded: list[int] = []
-        if self.over_selection > 0 and len(steps) >= cohort:
+        if policy.over_selection > 0 and len(steps) >= cohort:
             kept = set(first_to_finish(finish, cohort))
             discarded = sorted(c for c in steps if c not in kept)
             steps = {c: n for c, n in steps.items() if c in kept}
@@ -305,14 +288,15 @@ class SystemModel:
             parts.append(f"online {p.online_fraction:.0%} of every {p.day_s:g} s")
         if any(d > 0 for d in p.dropout):
             parts.append(f"dropout {sum(p.dropout) / len(p):.3g} on average")
-        if self.deadline_s is not None:
-            parts.append(f"deadline {self.deadline_s:g} s ({self.policy})")
-        if self.over_selection > 0:
-            parts.append(f"over-selection {self.over_selection:g}")
+        policy = self.round_policy
+        if policy.deadline_s is not None:
+            parts.append(f"deadline {policy.deadline_s:g} s ({policy.policy})")
+        if policy.over_selection > 0:
+            parts.append(f"over-selection {policy.over_selection:g}")
         return f"{type(self).__name__}: " + ", ".join(parts)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(deadline_s={self.deadline_s}, policy={self.policy!r})"
+        return f"{type(self).__name__}({self.round_policy!r})"
 
 
 def check_probability(value: object, field: str) -> None:
@@ -326,6 +310,16 @@ class Instant(SystemModel):
     system model, and the clock stays at 0."""
 
     clocked = False
+
+    def bind(self, setup: Setup, round_policy: RoundPolicy | None = None) -> None:
+        """As :meth:`SystemModel.bind`; a round policy that needs a clock (any field set) is refused."""
+        super().bind(setup, round_policy)
+        given = self.round_policy.given()
+        if given:
+            raise ConfigError(
+                f"{given[0]} needs a simulated clock, which a run without model.system has not; set "
+                "model.system (e.g. --model.system=Devices), or unset it"
+            )
 
     def profiles(self, num_clients: int, seed: int) -> Profiles:
         inf = (math.inf,) * num_clients

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 
@@ -46,13 +45,6 @@ class Devices(SystemModel):
         day_s: Period of the day/night cycle in simulated seconds (None: no cycle).
         online_fraction: Share of each period a client is online, in (0, 1] (with ``day_s``).
         dropout: Probability in [0, 1] that a sampled client drops out in the middle of its work.
-        deadline_s: The round's deadline in simulated seconds (None: the round waits for every client).
-        policy: What a client past the deadline contributes: ``drop`` (nothing) or ``partial`` (its local
-            steps cut to what fits).
-        over_selection: ``r >= 0``: sample ``ceil((1 + r) K)`` clients and keep the first ``K`` to finish
-            (Bonawitz et al., MLSys 2019).
-        target_accuracy: A global accuracy (a fraction) whose first simulated time ``summary.json`` reports.
-        max_sim_time_s: End the run cleanly once the simulated clock reaches this (None: no budget).
     """
 
     def __init__(
@@ -66,13 +58,8 @@ class Devices(SystemModel):
         day_s: float | None = None,
         online_fraction: float = 0.5,
         dropout: float = 0.0,
-        deadline_s: float | None = None,
-        policy: Literal["drop", "partial"] = "drop",
-        over_selection: float = 0.0,
-        target_accuracy: float | None = None,
-        max_sim_time_s: float | None = None,
     ) -> None:
-        super().__init__(deadline_s, policy, over_selection, target_accuracy, max_sim_time_s)
+        super().__init__()
         f = self.field
         check_number(speed, f"{f}.speed", low=0, low_open=True, hint="(training samples per second)")
         check_number(speed_sigma, f"{f}.speed_sigma", low=0, hint="(0: every device equally fast)")

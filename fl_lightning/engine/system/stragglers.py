@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from fl_lightning.engine.system.base import SystemModel
 from fl_lightning.engine.system.plan import RoundPlan
+from fl_lightning.engine.system.policy import RoundPolicy
 from fl_lightning.engine.system.profiles import Profiles
 from fl_lightning.engine.system.setup import Setup
 from fl_lightning.errors import ConfigError, check_number
@@ -27,9 +26,10 @@ class Stragglers(SystemModel):
     As the paper's code does (``flearn/trainers/fedprox.py``, ``drop_percent``): of the ``K`` selected
     devices, ``round(K (1 - fraction))`` (Python's round) stay active and the others are stragglers, the same
     ones for every method of a seed (a generator seeded by ``(seed, round)``); their epochs are
-    ``np.random.randint(low=1, high=E)``, i.e. in [1, E). ``policy: drop`` is the paper's FedAvg (the
-    stragglers' work is dropped), ``policy: partial`` is FedProx (their partial work is aggregated, weighted
-    by sample count like every upload). With ``model.local_steps=K`` instead of epochs a straggler runs
+    ``np.random.randint(low=1, high=E)``, i.e. in [1, E). The round policy's ``policy: drop``
+    (``--model.round_policy.policy=drop``) is the paper's FedAvg (the stragglers' work is dropped),
+    ``policy: partial`` is FedProx (their partial work is aggregated, weighted by sample count like every
+    upload). With ``model.local_steps=K`` instead of epochs a straggler runs
     ``U{1, ..., K - 1}`` steps.
 
     Time: every device is equally fast (``speed``, ``download_mbps``, ``upload_mbps``); a straggler is busy
@@ -39,13 +39,9 @@ class Stragglers(SystemModel):
     Args:
         fraction: Fraction in [0, 1] of each round's selected devices that are stragglers (0, 0.5, 0.9 in
             the paper's Fig. 1).
-        policy: ``drop`` (FedAvg: the stragglers contribute nothing) or ``partial`` (FedProx: their partial
-            work is aggregated).
         speed: Every device's compute speed in training samples per second.
         download_mbps: Every device's download bandwidth in Mbit/s.
         upload_mbps: Every device's upload bandwidth in Mbit/s.
-        target_accuracy: A global accuracy (a fraction) whose first simulated time ``summary.json`` reports.
-        max_sim_time_s: End the run cleanly once the simulated clock reaches this (None: no budget).
     """
 
     plans_rounds = True  # each round's stragglers and their epochs are its own plan
@@ -53,14 +49,11 @@ class Stragglers(SystemModel):
     def __init__(
         self,
         fraction: float = 0.5,
-        policy: Literal["drop", "partial"] = "drop",
         speed: float = 100.0,
         download_mbps: float = 20.0,
         upload_mbps: float = 5.0,
-        target_accuracy: float | None = None,
-        max_sim_time_s: float | None = None,
     ) -> None:
-        super().__init__(None, policy, 0.0, target_accuracy, max_sim_time_s)
+        super().__init__()
         f = self.field
         check_number(fraction, f"{f}.fraction", low=0, high=1, hint="(of each round's selected devices)")
         check_number(speed, f"{f}.speed", low=0, low_open=True, hint="(training samples per second)")
@@ -78,8 +71,19 @@ class Stragglers(SystemModel):
             (self.speed,) * n, (self.download_mbps,) * n, (self.upload_mbps,) * n, (1.0,) * n, (0.0,) * n
         )
 
-    def bind(self, setup: Setup) -> None:
-        super().bind(setup)
+    def bind(self, setup: Setup, round_policy: RoundPolicy | None = None) -> None:
+        """As :meth:`SystemModel.bind`; refuses a deadline or over-selection (the rounds are the paper's) and
+        work of fewer than two epochs (or steps)."""
+        super().bind(setup, round_policy)
+        policy = self.round_policy
+        for name, unset in (("deadline_s", None), ("over_selection", 0.0)):
+            value = getattr(policy, name)
+            if value != unset:
+                raise ConfigError(
+                    f"{policy.field}.{name}={value:g} cannot act with {self.field}=Stragglers, whose rounds "
+                    "are the paper's preset (every selected device is waited for); unset it, or use "
+                    f"{self.field}=Devices or Trace"
+                )
         work = setup.local_steps if setup.local_steps is not None else setup.local_epochs
         if self.fraction > 0 and (work is None or work < 2):
             name = "model.local_steps" if setup.local_steps is not None else "model.local_epochs"
@@ -91,7 +95,8 @@ class Stragglers(SystemModel):
     def describe(self) -> str:
         p = self.devices
         return (
-            f"Stragglers: {self.fraction:.0%} of each round's devices run [1, E) epochs ({self.policy}); "
+            f"Stragglers: {self.fraction:.0%} of each round's devices run [1, E) epochs "
+            f"({self.round_policy.policy}); "
             f"every device {p.speed[0]:g} samples/s, {p.download_mbps[0]:g}/{p.upload_mbps[0]:g} "
             "Mbit/s down/up"
         )
@@ -108,7 +113,8 @@ class Stragglers(SystemModel):
         high = s.local_steps if s.local_steps is not None else s.local_epochs
         work = dict(zip(stragglers, straggler_work(count, high or 2, g), strict=True)) if count else {}
         steps = dict(full)
-        if self.policy == "drop":
+        drop = self.round_policy.policy == "drop"
+        if drop:
             for c in stragglers:
                 del steps[c]
         else:
@@ -118,8 +124,8 @@ class Stragglers(SystemModel):
             sampled=list(sampled),
             steps=steps,
             finish_s={c: finish[c] for c in steps},
-            late=stragglers if self.policy == "drop" else [],
-            partial=stragglers if self.policy == "partial" else [],
+            late=stragglers if drop else [],
+            partial=[] if drop else stragglers,
             duration_s=max(finish.values(), default=0.0),
         )
 

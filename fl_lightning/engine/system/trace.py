@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Literal
 
 from fl_lightning.engine.system.base import SystemModel
 from fl_lightning.engine.system.profiles import Profiles
@@ -45,12 +44,6 @@ class Trace(SystemModel):
         path: The CSV file (relative paths from the folder the command runs in).
         day_s: Period of a day/night cycle in simulated seconds (None: none); see ``Devices``.
         online_fraction: Share of each period a client is online, in (0, 1] (with ``day_s``).
-        deadline_s: The round's deadline in simulated seconds (None: the round waits for every client).
-        policy: What a client past the deadline contributes: ``drop`` (nothing) or ``partial`` (its local
-            steps cut to what fits).
-        over_selection: ``r >= 0``: sample ``ceil((1 + r) K)`` clients and keep the first ``K`` to finish.
-        target_accuracy: A global accuracy (a fraction) whose first simulated time ``summary.json`` reports.
-        max_sim_time_s: End the run cleanly once the simulated clock reaches this (None: no budget).
     """
 
     def __init__(
@@ -58,13 +51,8 @@ class Trace(SystemModel):
         path: str,
         day_s: float | None = None,
         online_fraction: float = 0.5,
-        deadline_s: float | None = None,
-        policy: Literal["drop", "partial"] = "drop",
-        over_selection: float = 0.0,
-        target_accuracy: float | None = None,
-        max_sim_time_s: float | None = None,
     ) -> None:
-        super().__init__(deadline_s, policy, over_selection, target_accuracy, max_sim_time_s)
+        super().__init__()
         f = self.field
         if day_s is not None:
             check_number(day_s, f"{f}.day_s", low=0, low_open=True, hint="(simulated seconds, e.g. 86400)")

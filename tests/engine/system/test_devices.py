@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fl_lightning.engine.system import Devices, Setup
+from fl_lightning.engine.system import Devices, RoundPolicy, Setup
 
 
 def test_a_clients_device_is_a_function_of_the_seed_and_the_client():
@@ -35,8 +35,8 @@ def test_availability_dropout_and_the_cycle():
 
 
 def test_describe_names_the_spread():
-    d = Devices(deadline_s=30.0, policy="partial", availability=0.8)
-    d.bind(Setup(20, 0, 10, (5,) * 20, (5,) * 20, 1, None, 1000, 1000))
+    d = Devices(availability=0.8)
+    d.bind(Setup(20, 0, 10, (5,) * 20, (5,) * 20, 1, None, 1000, 1000), RoundPolicy(30.0, "partial"))
     text = d.describe()
     assert text.startswith("Devices: speed") and "10%-90%" in text and "deadline 30 s (partial)" in text
 

@@ -2,17 +2,18 @@
 
 import pytest
 
-from fl_lightning.engine.system import Setup, Stragglers
+from fl_lightning.engine.system import RoundPolicy, Setup, Stragglers
 from fl_lightning.errors import ConfigError
 
 E = 20
 
 
-def bound(fraction, policy, epochs=E, steps=None, seed=0, n=30):
-    s = Stragglers(fraction=fraction, policy=policy)
+def bound(fraction, policy, epochs=E, steps=None, seed=0, n=30, **more):
+    s = Stragglers(fraction=fraction)
     spe = tuple(1 + c % 4 for c in range(n))  # steps per epoch differ by client
     full = tuple((steps if steps is not None else epochs * k) for k in spe)
-    s.bind(Setup(n, seed, 10, full, spe, None if steps is not None else epochs, steps, 4000, 4000))
+    setup = Setup(n, seed, 10, full, spe, None if steps is not None else epochs, steps, 4000, 4000)
+    s.bind(setup, RoundPolicy(policy=policy, **more))
     return s, spe
 
 
@@ -59,3 +60,16 @@ def test_one_epoch_leaves_no_partial_work():
 def test_bad_values(kw, field):
     with pytest.raises(ConfigError, match=rf"^model\.system\.{field}="):
         Stragglers(**kw)
+
+
+@pytest.mark.parametrize(
+    ("more", "field"), [({"deadline_s": 5.0}, "deadline_s"), ({"over_selection": 0.5}, "over_selection")]
+)
+def test_a_deadline_or_over_selection_cannot_act_on_the_papers_rounds(more, field):
+    with pytest.raises(ConfigError) as info:
+        bound(0.5, "drop", **more)
+    text = str(info.value)
+    assert text.startswith(f"model.round_policy.{field}=") and "model.system=Stragglers" in text
+    assert "\n" not in text
+    s, _ = bound(0.5, "partial", target_accuracy=0.5, max_sim_time_s=10.0)  # the run's goals apply
+    assert s.round_policy.max_sim_time_s == 10.0

@@ -3,7 +3,7 @@ line and the column (engine/system/trace.py)."""
 
 import pytest
 
-from fl_lightning.engine.system import Setup, Trace
+from fl_lightning.engine.system import RoundPolicy, Setup, Trace
 from fl_lightning.errors import ConfigError
 
 HEADER = "client,speed,download_mbps,upload_mbps,availability"
@@ -17,8 +17,8 @@ def write(tmp_path, text, name="devices.csv"):
 
 def test_a_trace_gives_each_client_its_line(tmp_path):
     path = write(tmp_path, f"{HEADER},dropout\n1,35,8.4,1.2,0.6,0.05\n0,120.5,22,6.1,0.9,0\n\n")
-    trace = Trace(str(path), deadline_s=100.0)
-    trace.bind(Setup(2, 0, 10, (5, 5), (5, 5), 1, None, 1000, 1000))
+    trace = Trace(str(path))
+    trace.bind(Setup(2, 0, 10, (5, 5), (5, 5), 1, None, 1000, 1000), RoundPolicy(deadline_s=100.0))
     p = trace.devices
     assert p.speed == (120.5, 35.0) and p.download_mbps == (22.0, 8.4) and p.upload_mbps == (6.1, 1.2)
     assert p.availability == (0.9, 0.6) and p.dropout == (0.0, 0.05) and not p.cycle
