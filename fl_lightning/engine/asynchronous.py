@@ -75,8 +75,7 @@ class AsyncSchedule(Schedule):
             return
         slot = self.dispatches
         self.dispatches += 1
-        busy = {f.client for f in self.flights}
-        online = [c for c in e.eligible(e.system.online(slot, e.clock)) if c not in busy]
+        online = self.online(slot)
         if not online:
             return
         hold = Aggregator(weighting="uniform", reduce=_kept)  # keeps every upload; gathered across processes

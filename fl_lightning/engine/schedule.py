@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -200,7 +201,7 @@ class Taking:
     dispatched: int = 0
 
 
-class Schedule:
+class Schedule(ABC):
     """Who trains when, and which arrivals a server step consumes (module docstring).
 
     :meth:`step` is the one loop of every schedule; a subclass says only who it dispatches (:meth:`dispatch`),
@@ -243,13 +244,13 @@ class Schedule:
         return self.stepped(now)
 
     # ------------------------------------------------------------------------------ what a schedule says
+    @abstractmethod
     def dispatch(self, now: Taking) -> None:
         """Dispatch the clients the step starts with (:meth:`send`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def enough(self, now: Taking) -> bool:
         """Whether the step has consumed the arrivals it waits for."""
-        raise NotImplementedError
 
     def next_arrival(self, now: Taking) -> Flight:
         """The next arrival in the clock's order (ties: the lower client id), out of :attr:`flights`."""
@@ -257,17 +258,26 @@ class Schedule:
         self.flights.remove(arrival)
         return arrival
 
+    @abstractmethod
     def consume(self, now: Taking, arrival: Flight) -> None:
         """What ``arrival`` brings to the step (the clock is at its arrival)."""
 
+    @abstractmethod
     def close(self, now: Taking) -> None:
         """After the last arrival, before the server step."""
 
+    @abstractmethod
     def stepped(self, now: Taking) -> Stepped:
         """What the step did, for the engine's record."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------------------ written once
+    def online(self, slot: int) -> list[int]:
+        """The clients that may be dispatched now: online at the clock's time in draw ``slot`` (the system
+        model's availability), eligible for training (not held out) and not in flight, sorted."""
+        host = self.host
+        busy = {f.client for f in self.flights}
+        return [c for c in host.eligible(host.system.online(slot, host.clock)) if c not in busy]
+
     def send(
         self, now: Taking, slot: int, online: list[int], count: int, agg: Aggregator, result: RoundResult
     ) -> RoundPlan:
@@ -309,7 +319,8 @@ class Schedule:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict` (default: nothing to restore)."""
+        return None
 
 
 class Rounds(Schedule):
@@ -321,13 +332,20 @@ class Rounds(Schedule):
     synchronous round aggregates all of them: no upload waits for its arrival). The round then consumes every
     arrival of the cohort, which only advances the clock; its mid-round dropouts are failed clients; the
     round is one unit of the failure streak, then the server step (or the skip of a round without uploads).
+
+    Attributes:
+        plan: The system model's plan of the round being run (who trains, for how many steps, how long).
+        start_s: When the round's cohort was dispatched (after waiting for a client to come online).
     """
+
+    plan: RoundPlan
+    start_s: float
 
     def dispatch(self, now: Taking) -> None:
         host = self.host
         system = host.system
         host.clock = self.start_s = system.next_online_s(host.clock)  # a day/night cycle: wait for one online
-        online = host.eligible(system.online(now.round, host.clock))
+        online = self.online(now.round)
         count = system.sample_count(host.cohort, len(online))
         self.plan = plan = self.send(now, now.round, online, count, now.agg, now.result)
         plan.wait_s = self.start_s - now.start_s
@@ -335,6 +353,9 @@ class Rounds(Schedule):
 
     def enough(self, now: Taking) -> bool:
         return not self.flights  # every arrival of the cohort
+
+    def consume(self, now: Taking, arrival: Flight) -> None:
+        """Nothing but the clock: the arrival's upload is in the round's aggregator already."""
 
     def close(self, now: Taking) -> None:
         """The round lasts the plan's duration (past its last arrival: until the deadline a late client
