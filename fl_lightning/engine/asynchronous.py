@@ -29,7 +29,7 @@ from fl_lightning.api.asynchronous import AsyncStrategy
 from fl_lightning.api.types import RoundInfo, RoundResult
 from fl_lightning.engine.flight import Flight
 from fl_lightning.engine.record import SimulatedTime
-from fl_lightning.engine.schedule import Host, Schedule, Stepped, Taking
+from fl_lightning.engine.schedule import Host, Schedule, Stepped, StepState
 from fl_lightning.errors import RunError
 from fl_lightning.functional.tensor import module_device
 
@@ -65,7 +65,7 @@ class AsyncSchedule(Schedule):
         self.dispatches = 0  # dispatch events so far: each one's Work round and availability draw
 
     # ------------------------------------------------------------------------------ a server step
-    def dispatch(self, now: Taking) -> None:
+    def dispatch(self, now: StepState) -> None:
         """Dispatch clients until ``M`` are in flight: online ones not in flight, drawn by the strategy's
         ``select_clients`` (seeded by the dispatch count), trained now on the current model; what the server
         keeps of each upload (the strategy's ``hold``) waits in its flight for the arrival."""
@@ -92,10 +92,10 @@ class AsyncSchedule(Schedule):
         now.result.bytes_up += result.bytes_up
         now.result.vectorised += result.vectorised
 
-    def enough(self, now: Taking) -> bool:
+    def enough(self, now: StepState) -> bool:
         return len(now.result.info.aggregated) >= self.buffer  # the next K accepted arrivals
 
-    def next_arrival(self, now: Taking) -> Flight:
+    def next_arrival(self, now: StepState) -> Flight:
         """The next arrival; with nobody in flight (nobody could be dispatched), wait for a client to come
         online and dispatch again."""
         e = self.host
@@ -111,7 +111,7 @@ class AsyncSchedule(Schedule):
             self.dispatch(now)
         return super().next_arrival(now)
 
-    def consume(self, now: Taking, arrival: Flight) -> None:
+    def consume(self, now: StepState, arrival: Flight) -> None:
         """An accepted arrival's ``release`` (with its staleness ``t - tau_k``) enters the aggregate; a failed
         one is counted (the engine's failure streak, ``M`` arrivals a round); then its place is refilled on
         the current model (the ``K``-th's after the server step, at the start of the next one)."""
@@ -136,13 +136,13 @@ class AsyncSchedule(Schedule):
         if not self.enough(now):
             self.dispatch(now)
 
-    def close(self, now: Taking) -> None:
+    def close(self, now: StepState) -> None:
         """The step's clients in the order they arrived (the same on every process: each holds every
         flight)."""
         now.result.info.sampled = [f.client for f in sorted(now.consumed, key=lambda f: f.order)]
         now.result.failed.sort()
 
-    def stepped(self, now: Taking) -> Stepped:
+    def stepped(self, now: StepState) -> Stepped:
         accepted = [f for f in now.consumed if not f.failed]
         staleness = [now.round - f.version for f in accepted]
         sim = SimulatedTime(

@@ -179,7 +179,7 @@ class Host(Protocol):
 
 
 @dataclass
-class Taking:
+class StepState:
     """One server step while it runs: what it aggregates so far and what it consumed.
 
     Attributes:
@@ -232,7 +232,7 @@ class Schedule(ABC):
         host = self.host
         host.check_round(round)  # e.g. resumed past a privacy budget: nothing has run
         info = RoundInfo(round, [], [], host.num_clients)
-        now = Taking(round, host.clock, host.strategy.aggregator(), RoundResult({}, info), listener)
+        now = StepState(round, host.clock, host.strategy.aggregator(), RoundResult({}, info), listener)
         self.dispatch(now)
         while not self.enough(now):
             arrival = self.next_arrival(now)
@@ -245,29 +245,29 @@ class Schedule(ABC):
 
     # ------------------------------------------------------------------------------ what a schedule says
     @abstractmethod
-    def dispatch(self, now: Taking) -> None:
+    def dispatch(self, now: StepState) -> None:
         """Dispatch the clients the step starts with (:meth:`send`)."""
 
     @abstractmethod
-    def enough(self, now: Taking) -> bool:
+    def enough(self, now: StepState) -> bool:
         """Whether the step has consumed the arrivals it waits for."""
 
-    def next_arrival(self, now: Taking) -> Flight:
+    def next_arrival(self, now: StepState) -> Flight:
         """The next arrival in the clock's order (ties: the lower client id), out of :attr:`flights`."""
         arrival = min(self.flights, key=lambda f: f.order)
         self.flights.remove(arrival)
         return arrival
 
     @abstractmethod
-    def consume(self, now: Taking, arrival: Flight) -> None:
+    def consume(self, now: StepState, arrival: Flight) -> None:
         """What ``arrival`` brings to the step (the clock is at its arrival)."""
 
     @abstractmethod
-    def close(self, now: Taking) -> None:
+    def close(self, now: StepState) -> None:
         """After the last arrival, before the server step."""
 
     @abstractmethod
-    def stepped(self, now: Taking) -> Stepped:
+    def stepped(self, now: StepState) -> Stepped:
         """What the step did, for the engine's record."""
 
     # ------------------------------------------------------------------------------ written once
@@ -279,7 +279,7 @@ class Schedule(ABC):
         return [c for c in host.eligible(host.system.online(slot, host.clock)) if c not in busy]
 
     def send(
-        self, now: Taking, slot: int, online: list[int], count: int, agg: Aggregator, result: RoundResult
+        self, now: StepState, slot: int, online: list[int], count: int, agg: Aggregator, result: RoundResult
     ) -> RoundPlan:
         """Dispatch ``count`` of the ``online`` clients on the current model at the clock's time: the engine's
         draw (seeded by ``slot``: a round, or an asynchronous dispatch), the system model's plan of their work
@@ -341,7 +341,7 @@ class Rounds(Schedule):
     plan: RoundPlan
     start_s: float
 
-    def dispatch(self, now: Taking) -> None:
+    def dispatch(self, now: StepState) -> None:
         host = self.host
         system = host.system
         host.clock = self.start_s = system.next_online_s(host.clock)  # a day/night cycle: wait for one online
@@ -351,13 +351,13 @@ class Rounds(Schedule):
         plan.wait_s = self.start_s - now.start_s
         now.result.info.sampled = list(plan.sampled)
 
-    def enough(self, now: Taking) -> bool:
+    def enough(self, now: StepState) -> bool:
         return not self.flights  # every arrival of the cohort
 
-    def consume(self, now: Taking, arrival: Flight) -> None:
+    def consume(self, now: StepState, arrival: Flight) -> None:
         """Nothing but the clock: the arrival's upload is in the round's aggregator already."""
 
-    def close(self, now: Taking) -> None:
+    def close(self, now: StepState) -> None:
         """The round lasts the plan's duration (past its last arrival: until the deadline a late client
         missed, or a dropped straggler's finish); its dropouts are failed clients; the round is one unit of
         the failure streak (a round without any work, every client late or none online, is none)."""
@@ -367,7 +367,7 @@ class Rounds(Schedule):
         if result.info.aggregated or result.failed:
             host.count_failures(f"round {now.round}", not result.info.aggregated, result.error)
 
-    def stepped(self, now: Taking) -> Stepped:
+    def stepped(self, now: StepState) -> Stepped:
         plan = self.plan
         sim = SimulatedTime(
             round_s=plan.wait_s + plan.duration_s,
@@ -404,8 +404,8 @@ __all__ = [
     "Rounds",
     "Schedule",
     "ServerStep",
+    "StepState",
     "Stepped",
-    "Taking",
     "checked_selection",
     "num_sampled",
     "one_line",
