@@ -1,27 +1,22 @@
-"""Asynchronous and buffered aggregation on the simulated clock: an event-driven schedule of server steps.
+"""Asynchronous and buffered aggregation on the simulated clock: the server steps of FedBuff and FedAsync.
 
-With an :class:`~fl_lightning.api.asynchronous.AsyncStrategy` (FedBuff, FedAsync) the engine's
-:meth:`~fl_lightning.engine.round.Engine.run_round` hands each server step to an :class:`AsyncSchedule`:
+With an :class:`~fl_lightning.api.asynchronous.AsyncStrategy` the engine's schedule is an
+:class:`AsyncSchedule`, the asynchronous case of the one event-driven server step
+(:class:`~fl_lightning.engine.schedule.Schedule`):
 
 - ``M`` clients are in flight (:class:`~fl_lightning.engine.flight.Flight`), each dispatched on the global
-  model of the moment, with the version (server steps done) it started from. Dispatching a set of clients is a
-  :class:`~fl_lightning.engine.work.Work` like any round's, run by the run's executor (one process,
+  model of the moment, with the version (server steps done) it started from. A dispatch is the schedule's
+  shared :meth:`~fl_lightning.engine.schedule.Schedule.send`, run by the run's executor (one process,
   vectorised, a process group, Flower's grid): the clients train when they are dispatched, so each trains on
   exactly the model of its dispatch, and what the server keeps of its upload (the strategy's ``hold``) waits
   for its simulated arrival, ``dispatch + download + computation + upload`` of its device (``model.system``).
-- A server step consumes the next ``K`` arrivals in the clock's order (ties: the lower client id): each
-  arrival advances the clock, a failed one (an error, a non-finite upload, a mid-round dropout) is counted
-  and not aggregated, and every arrival frees its place, which is refilled at once on the current model (the
-  ``K``-th's after the server step, at the start of the next one). The consumed arrivals' ``release`` (with
-  their staleness ``t - tau_k``) go through the strategy's aggregator, ``process_aggregate``,
-  ``server_update`` and the server optimizer's step.
-- The clients in flight (their held uploads, versions, dispatch and arrival times), the clock and the
-  dispatch count are the schedule's state, kept in the checkpoint, so a resume continues exactly.
-
-A synchronous round is the special case where every client starts together and ``K`` is the cohort
-(:class:`~fl_lightning.engine.schedule.Rounds`, which streams its uploads into the aggregator instead of
-holding them); both schedules use the engine's one online draw, dropout policy and server step
-(:class:`~fl_lightning.engine.schedule.Host`).
+- A server step consumes the next ``K`` accepted arrivals in the clock's order: each arrival advances the
+  clock, a failed one (an error, a non-finite upload, a mid-round dropout) is counted and not aggregated, and
+  every arrival frees its place, which is refilled at once on the current model (the ``K``-th's after the
+  server step, at the start of the next one). The consumed arrivals' ``release`` (with their staleness
+  ``t - tau_k``) go through the strategy's aggregator, then the engine's server step.
+- The clients in flight (their held uploads, versions, dispatch and arrival times) and the dispatch count are
+  the schedule's state, kept in the checkpoint with the engine's clock, so a resume continues exactly.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ from fl_lightning.api.asynchronous import AsyncStrategy
 from fl_lightning.api.types import RoundInfo, RoundResult
 from fl_lightning.engine.flight import Flight
 from fl_lightning.engine.record import SimulatedTime
-from fl_lightning.engine.schedule import Host, RoundListener, Schedule, ServerStep, Stepped
+from fl_lightning.engine.schedule import Host, Schedule, Stepped, StepState
 from fl_lightning.errors import RunError
 from fl_lightning.functional.tensor import module_device
 
@@ -60,165 +55,118 @@ class AsyncSchedule(Schedule):
     """
 
     unit = "server step"
+    dropouts_arrive = True
 
     def __init__(self, host: Host, strategy: AsyncStrategy, in_flight: int, buffer: int) -> None:
         super().__init__(host)
         self.strategy = strategy
         self.in_flight = in_flight
         self.buffer = buffer
-        self.flights: list[Flight] = []
         self.dispatches = 0  # dispatch events so far: each one's Work round and availability draw
-        self.failed_streak = 0  # consecutive failed arrivals
 
     # ------------------------------------------------------------------------------ a server step
-    def step(self, round: int, step: ServerStep, listener: RoundListener) -> Stepped:
-        """Server step ``round``: refill, consume the next ``K`` arrivals, aggregate, step."""
-        e = self.host
-        e.check_round(round)
-        start = e.clock
-        traffic = {"down": 0, "up": 0, "dispatched": 0, "vectorised": 0}
-        self._fill(round, listener, traffic)
-        accepted: list[Flight] = []
-        failed: list[Flight] = []
-        waits = 0
-        while len(accepted) < self.buffer:
-            if not self.flights:  # nobody in flight and nobody could be dispatched: wait for a client
-                waits += 1
-                if waits > MAX_WAITS:
-                    raise RunError(
-                        f"server step {round}: no client came online in {MAX_WAITS} dispatch attempts; raise "
-                        "model.system.availability (or online_fraction)"
-                    )
-                e.clock = e.system.next_online_s(e.clock)
-                self._fill(round, listener, traffic)
-                continue
-            arrival = min(self.flights, key=lambda f: f.order)
-            self.flights.remove(arrival)
-            e.clock = max(e.clock, arrival.arrival_s)
-            if arrival.held is None:
-                failed.append(arrival)
-                self._failed(round, arrival)
-            else:
-                accepted.append(arrival)
-                self.failed_streak = 0
-            if len(accepted) < self.buffer:
-                self._fill(round, listener, traffic)
-        result = self._server_step(round, step, accepted, failed)
-        result.bytes_down, result.bytes_up = traffic["down"], traffic["up"]
-        result.vectorised = traffic["vectorised"]
-        if failed:
-            first = failed[0]
-            result.error = f"client {first.client}: {first.error}"
-        staleness = [round - f.version for f in accepted]
-        sim = SimulatedTime(
-            round_s=e.clock - start,
-            time_s=e.clock,
-            staleness_mean=sum(staleness) / len(staleness),
-            staleness_max=max(staleness),
-            dispatched=traffic["dispatched"],
-            in_flight=len(self.flights),
-        )
-        return Stepped(result, sim, {f.client: f.steps for f in accepted})
-
-    def _server_step(
-        self, round: int, step: ServerStep, accepted: list[Flight], failed: list[Flight]
-    ) -> RoundResult:
-        """The consumed arrivals' ``release`` (with their staleness) into the aggregator, then the engine's
-        server step (the same on every process: every process holds every flight)."""
-        e = self.host
-        strategy = self.strategy
-        agg = strategy.aggregator()
-        for f in accepted:  # in the order they arrived
-            assert f.held is not None
-            agg.add(strategy.release(e.model, f.held, round - f.version), f.num_samples, f.client)
-        sampled = [f.client for f in sorted(accepted + failed, key=lambda f: f.order)]
-        result = RoundResult(
-            means={},
-            info=RoundInfo(round, sampled, [f.client for f in accepted], e.num_clients),
-            client_metrics={f.client: dict(f.metrics) for f in accepted},
-            failed=sorted(f.client for f in failed),
-            train_states={f.client: f.train_state for f in accepted},
-        )
-        e.server_step(round, agg, result, step)
-        return result
-
-    def _failed(self, round: int, arrival: Flight) -> None:
-        """Count a failed arrival; ``max_failed_rounds * M`` consecutive ones stop the run."""
-        e = self.host
-        self.failed_streak += 1
-        log.warning(
-            "server step %d: client %d's work arrives failed: %s", round, arrival.client, arrival.error
-        )
-        limit = e.config.max_failed_rounds * self.in_flight
-        if self.failed_streak >= limit:
-            raise RunError(
-                f"server step {round}: {self.failed_streak} consecutive arrivals failed (last: client "
-                f"{arrival.client}: {arrival.error}); see the warnings above, fix the cause or raise "
-                f"model.max_failed_rounds={e.config.max_failed_rounds} (the limit is it times the "
-                f"{self.in_flight} clients in flight)"
-            )
-
-    # ------------------------------------------------------------------------------ dispatch
-    def _fill(self, round: int, listener: RoundListener, traffic: dict[str, int]) -> None:
+    def dispatch(self, now: StepState) -> None:
         """Dispatch clients until ``M`` are in flight: online ones not in flight, drawn by the strategy's
-        ``select_clients`` (seeded by the dispatch count), trained now on the current model (a ``Work``
-        through the run's executor), each with its arrival time on the clock."""
+        ``select_clients`` (seeded by the dispatch count), trained now on the current model; what the server
+        keeps of each upload (the strategy's ``hold``) waits in its flight for the arrival."""
         e = self.host
         free = self.in_flight - len(self.flights)
         if free <= 0:
             return
-        system = e.system
         slot = self.dispatches
         self.dispatches += 1
-        busy = {f.client for f in self.flights}
-        online = [c for c in e.eligible(system.online(slot, e.clock)) if c not in busy]
+        online = self.online(slot)
         if not online:
             return
-        chosen = e.draw(online, min(free, len(online)), slot)
-        dropped = set(system.dropouts(slot, chosen))
-        if dropped:
-            e.refuse_dropout(f"server step {round}", min(dropped))
-        trained = [c for c in chosen if c not in dropped]
         hold = Aggregator(weighting="uniform", reduce=_kept)  # keeps every upload; gathered across processes
-        result = RoundResult(means={}, info=RoundInfo(slot, trained, [], e.num_clients))
-        if trained:
-            listener.round_start(round, trained)
-            work = e.work(slot, trained)
-            e.collect(round, work, hold, result, listener)
+        result = RoundResult(means={}, info=RoundInfo(slot, [], [], e.num_clients))
+        sent = len(self.flights)
+        self.send(now, slot, online, min(free, len(online)), hold, result)
         uploads = {cid: upload for cid, upload, _ in hold.entries}
-        traffic["down"] += result.bytes_down
-        traffic["up"] += result.bytes_up
-        traffic["dispatched"] += len(chosen)
-        traffic["vectorised"] += result.vectorised
-        setup = system.setup
-        for cid in chosen:
-            steps = setup.full_steps[cid]
-            arrival = e.clock + system.client_seconds(cid, steps)
-            flight = Flight(cid, slot, round, e.clock, arrival, steps, e.clients[cid].num_samples)
-            if cid in uploads:
-                flight.held = self.strategy.hold(e.model, uploads[cid], round)
-                flight.metrics = dict(result.client_metrics.get(cid, {}), steps=steps)
-                flight.train_state = result.train_states.get(cid, {})
-            elif cid in dropped:
-                flight.error = "dropped out mid-round (model.system.dropout)"
-            else:
-                flight.error = result.error.split(": ", 1)[-1] if result.error else "failed"
-            self.flights.append(flight)
+        for flight in self.flights[sent:]:
+            if flight.client in uploads:
+                flight.held = self.strategy.hold(e.model, uploads[flight.client], now.round)
+                flight.metrics = dict(result.client_metrics.get(flight.client, {}), steps=flight.steps)
+                flight.train_state = result.train_states.get(flight.client, {})
+        now.result.bytes_down += result.bytes_down
+        now.result.bytes_up += result.bytes_up
+        now.result.vectorised += result.vectorised
+
+    def enough(self, now: StepState) -> bool:
+        return len(now.result.info.aggregated) >= self.buffer  # the next K accepted arrivals
+
+    def next_arrival(self, now: StepState) -> Flight:
+        """The next arrival; with nobody in flight (nobody could be dispatched), wait for a client to come
+        online and dispatch again."""
+        e = self.host
+        waits = 0
+        while not self.flights:
+            if waits == MAX_WAITS:
+                raise RunError(
+                    f"server step {now.round}: no client came online in {MAX_WAITS} dispatch attempts; raise "
+                    "model.system.availability (or online_fraction)"
+                )
+            waits += 1
+            e.clock = e.system.next_online_s(e.clock)
+            self.dispatch(now)
+        return super().next_arrival(now)
+
+    def consume(self, now: StepState, arrival: Flight) -> None:
+        """An accepted arrival's ``release`` (with its staleness ``t - tau_k``) enters the aggregate; a failed
+        one is counted (the engine's failure streak, ``M`` arrivals a round); then its place is refilled on
+        the current model (the ``K``-th's after the server step, at the start of the next one)."""
+        e, result = self.host, now.result
+        where = f"server step {now.round}"
+        if arrival.failed:
+            log.warning("%s: client %d's work arrives failed: %s", where, arrival.client, arrival.error)
+            error = f"client {arrival.client}: {arrival.error}"
+            result.failed.append(arrival.client)
+            result.error = result.error or error
+            e.count_failures(where, True, error, units="arrivals", per_round=self.in_flight)
+        else:
+            assert arrival.held is not None
+            staleness = now.round - arrival.version
+            now.agg.add(
+                self.strategy.release(e.model, arrival.held, staleness), arrival.num_samples, arrival.client
+            )
+            result.info.aggregated.append(arrival.client)
+            result.client_metrics[arrival.client] = dict(arrival.metrics)
+            result.train_states[arrival.client] = arrival.train_state
+            e.count_failures(where, False)
+        if not self.enough(now):
+            self.dispatch(now)
+
+    def close(self, now: StepState) -> None:
+        """The step's clients in the order they arrived (the same on every process: each holds every
+        flight)."""
+        now.result.info.sampled = [f.client for f in sorted(now.consumed, key=lambda f: f.order)]
+        now.result.failed.sort()
+
+    def stepped(self, now: StepState) -> Stepped:
+        accepted = [f for f in now.consumed if not f.failed]
+        staleness = [now.round - f.version for f in accepted]
+        sim = SimulatedTime(
+            round_s=self.host.clock - now.start_s,
+            time_s=self.host.clock,
+            staleness_mean=sum(staleness) / len(staleness),
+            staleness_max=max(staleness),
+            dispatched=now.dispatched,
+            in_flight=len(self.flights),
+        )
+        return Stepped(now.result, sim, {f.client: f.steps for f in accepted})
 
     # ------------------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
-        """The clients in flight, the dispatch count and the failure streak (the clock is the engine's)."""
-        return {
-            "flights": [f.state() for f in self.flights],
-            "dispatches": self.dispatches,
-            "failed_streak": self.failed_streak,
-        }
+        """The clients in flight and the dispatch count (the clock and the failure streak are the
+        engine's)."""
+        return {"flights": [f.state() for f in self.flights], "dispatches": self.dispatches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint's ``failed_streak`` of older versions, 0 between server
+        steps, is the engine's now)."""
         device = module_device(self.host.model)
         self.flights = [Flight.from_state(f, device) for f in state["flights"]]
         self.dispatches = int(state["dispatches"])
-        self.failed_streak = int(state["failed_streak"])
 
 
 __all__ = ["MAX_WAITS", "AsyncSchedule"]

@@ -21,7 +21,8 @@ class EngineConfig:
         clients_per_round: A fixed count per round (overrides ``participation``).
         tolerate_client_failures: Exclude (and count) a client whose local work raises or uploads
             non-finite values instead of stopping the run.
-        max_failed_rounds: Consecutive rounds without any accepted upload after which the run stops.
+        max_failed_rounds: Consecutive rounds without any accepted upload after which the run stops (an
+            asynchronous strategy: this many times ``M`` consecutive failed arrivals).
         attack: Simulated malicious clients, ``model.attack`` (None: every client is honest, unless an
             ``Attack`` plug-in in the strategy declares them: :func:`~fl_lightning.engine.attack.run_attack`).
         eval_fraction: Fraction of the clients whose deployed model is evaluated during fit.

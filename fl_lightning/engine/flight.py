@@ -1,4 +1,4 @@
-"""A client in flight on the asynchronous schedule: dispatched, trained, its upload held until it arrives."""
+"""A client in flight on a schedule: dispatched, trained, its upload held until it arrives."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from fl_lightning.api.types import Payload, TrainState
 
 @dataclass
 class Flight:
-    """One dispatched client of the asynchronous schedule (:mod:`fl_lightning.engine.asynchronous`).
+    """One dispatched client of a schedule (:mod:`fl_lightning.engine.schedule`), an arrival to consume.
 
-    The client trains when it is dispatched, on the global model of that moment (``version``); what the
-    server keeps of its upload (``held``, the strategy's ``hold``) waits here until its simulated arrival,
+    The client trains when it is dispatched, on the global model of that moment (``version``); on the
+    asynchronous schedule what the server keeps of its upload (``held``, the strategy's ``hold``) waits here
+    until its simulated arrival (a synchronous round streams every upload into its aggregator instead),
     ``arrival_s = start_s + download + computation + upload``. Arrivals are consumed in the order
     ``(arrival_s, client, batch)``: the clock orders them, ties go to the lower client id.
 
@@ -28,7 +29,8 @@ class Flight:
         arrival_s: The simulated time its upload arrives.
         steps: The local steps it ran.
         num_samples: Its training samples.
-        held: What the server keeps of its upload (None: the client failed or dropped out).
+        held: What the server keeps of its upload until it arrives (None: the client failed or dropped out,
+            or a synchronous round aggregated the upload already).
         error: Why it failed ("" if it did not).
         metrics: Its metrics of the local work (``z_client/<id>/*``).
         train_state: Its training-metric states (merged into ``train/*`` of the step that consumes it).
@@ -45,6 +47,11 @@ class Flight:
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     train_state: TrainState = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the client's work failed (an error, a non-finite upload, a mid-round dropout)."""
+        return bool(self.error)
 
     @property
     def order(self) -> tuple[float, int, int]:

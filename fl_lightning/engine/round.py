@@ -10,10 +10,11 @@ of them) and the adapters above it only drive rounds and report what they return
 :class:`~fl_lightning.lightning.module.FederatedModule` (a round is a Lightning training step: logging,
 checkpoints, callbacks) and the Flower ServerApp. A policy therefore holds the same on every path.
 
-A round runs through the engine's schedule (:mod:`fl_lightning.engine.schedule`: synchronous rounds, or an
-asynchronous strategy's server steps), which says who trains when on the system model's clock (without
-``model.system`` the null model: everyone online, instantaneous); everything else is the engine's, written
-once for both. A round, in order::
+A round runs through the engine's schedule (:mod:`fl_lightning.engine.schedule`: one event-driven server
+step, whose synchronous case waits for the whole cohort and whose asynchronous case consumes the next ``K``
+arrivals), which says who trains when on the system model's clock (without ``model.system`` the null model:
+everyone online, instantaneous); everything else is the engine's, written once for both. A round, in
+order::
 
     sample            strategy.select_clients among the clients online (seeded by (seed, round));
                       stop_reason(round) or the simulated time budget refuses it
@@ -23,7 +24,8 @@ once for both. A round, in order::
                       malicious client sends
     failure policy    a client whose work raised (not a ConfigError) or uploaded non-finite values is
                       excluded and counted; with tolerate_client_failures=false the run stops;
-                      max_failed_rounds consecutive rounds without any upload stop it too
+                      max_failed_rounds rounds' worth of consecutive failed units (a round without
+                      any upload; M failed arrivals of an asynchronous schedule) stop it too
     aggregate         strategy.aggregator(): add per accepted upload; combined across processes
     process_aggregate strategy.process_aggregate(means, info) (e.g. central DP noise)
     server step       strategy.server_update (pseudo-gradient) -> server optimizer step ->
@@ -84,6 +86,18 @@ log = logging.getLogger("fl_lightning")
 EVAL_STREAM = 0xE7A
 
 
+def _null_system(strategy: Strategy) -> SystemModel:
+    """The system model of a run without ``model.system``: the null model, every client online and
+    instantaneous; an asynchronous strategy needs a clock: every client an equal device."""
+    if not isinstance(strategy, AsyncStrategy):
+        return Instant()
+    log.info(
+        "%s without model.system: every client an equal device (Devices with sigma 0)",
+        type(strategy).__name__,
+    )
+    return Devices(speed_sigma=0.0, bandwidth_sigma=0.0)
+
+
 @dataclass
 class Engine:
     """The federated round for one global model and strategy, with the clients' state.
@@ -109,6 +123,8 @@ class Engine:
             :class:`~fl_lightning.engine.asynchronous.AsyncSchedule` of an
             :class:`~fl_lightning.api.asynchronous.AsyncStrategy`.
         unseen: Clients held out of training (``data.unseen_clients``): never sampled (:meth:`eligible`).
+        failed_streak: Consecutive failed units of the schedule (:meth:`count_failures`); restored from the
+            history on resume (:meth:`load_schedule_state`).
     """
 
     model: ClientModule
@@ -129,6 +145,7 @@ class Engine:
     clock: float = 0.0
     schedule: Schedule | None = None
     unseen: frozenset[int] = frozenset()
+    failed_streak: int = 0
     _system: SystemModel | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------------------ setup
@@ -183,14 +200,7 @@ class Engine:
                 f"model.strategy: {type(strategy).__name__} cannot wrap {type(inner).__name__}, an "
                 "asynchronous strategy (its server steps consume arrivals, not rounds); use it on its own"
             )
-        if system is None:  # the null model: every client online, instantaneous (an asynchronous strategy
-            # needs a clock: equal devices)
-            system = Devices(speed_sigma=0.0, bandwidth_sigma=0.0) if asynchronous else Instant()
-            if asynchronous:
-                log.info(
-                    "%s without model.system: every client an equal device (Devices with sigma 0)",
-                    type(strategy).__name__,
-                )
+        system = system or _null_system(strategy)
         local = self.config.local
         nbytes = payload_bytes(
             {"weights": shared_state(self.model, exclude=strategy.personal_names(self.model))}
@@ -513,38 +523,45 @@ class Engine:
         check_upload(cid, round, outcome.upload)
         return outcome
 
-    def _skip(self, round: int, result: RoundResult, step: ServerStep) -> None:
-        """A round in which every sampled client failed: no server update, but the round counts.
+    def count_failures(
+        self, where: str, failed: bool, error: str = "", units: str = "rounds", per_round: int = 1
+    ) -> None:
+        """The failure-streak rule of every schedule: a unit of its work (a synchronous round, an asynchronous
+        arrival) with accepted work ends the streak, a failed one adds to it, and ``model.max_failed_rounds``
+        rounds' worth of consecutive failed units (``per_round`` units a round: 1, or the ``M`` clients in
+        flight) stop the run with one line quoting the last error. The streak is :attr:`failed_streak`,
+        restored from the history on resume."""
+        if not failed:
+            self.failed_streak = 0
+            return
+        self.failed_streak += 1
+        rounds = self.config.max_failed_rounds
+        if self.failed_streak >= rounds * per_round:
+            scale = f" (the limit is it times the {per_round} clients in flight)" if per_round > 1 else ""
+            raise RunError(
+                f"{where}: every sampled client failed for {self.failed_streak} consecutive {units} (last "
+                f"error: {error}); see the warnings above, fix the cause or raise "
+                f"model.max_failed_rounds={rounds}{scale}"
+            )
 
-        After ``max_failed_rounds`` consecutive skipped rounds (counted from the history, so it survives a
-        resume) the run stops with one line quoting the first client's error. A round whose system model left
-        no work to aggregate without any client failing (every client late under ``policy: drop``, or none
-        online) is skipped too, with an INFO line, and is not counted: it neither adds to a streak of failed
-        rounds nor ends one.
-        """
+    def _skip(self, round: int, result: RoundResult, step: ServerStep) -> None:
+        """A round in which every sampled client failed: no server update, but the round counts (a unit of the
+        failure streak, :meth:`count_failures`). A round whose system model left no work to aggregate without
+        any client failing (every client late under ``policy: drop``, or none online) is skipped too, with an
+        INFO line, and is not counted: it neither adds to a streak of failed rounds nor ends one."""
         if not result.failed:
             log.info(
                 "round %d: no client's work to aggregate (%s); global model unchanged", round, result.error
             )
-            step.skip()
-            return
-        limit = self.config.max_failed_rounds
-        counted = (r for r in reversed(self.history) if not r.skipped or r.failed)
-        failed = 1 + sum(1 for _ in itertools.takewhile(lambda r: r.skipped, counted))
-        if failed >= limit:
-            raise RunError(
-                f"round {round}: every sampled client failed for {failed} consecutive rounds "
-                f"(last error: {result.error}); see the warnings above, fix the cause or raise "
-                f"model.max_failed_rounds={limit}"
+        else:
+            log.warning(
+                "round %d skipped: every sampled client failed (%s); global model unchanged (%d of "
+                "model.max_failed_rounds=%d consecutive)",
+                round,
+                result.error,
+                self.failed_streak,
+                self.config.max_failed_rounds,
             )
-        log.warning(
-            "round %d skipped: every sampled client failed (%s); global model unchanged (%d of "
-            "model.max_failed_rounds=%d consecutive)",
-            round,
-            result.error,
-            failed,
-            limit,
-        )
         step.skip()
 
     def round_record(
@@ -618,7 +635,11 @@ class Engine:
         return state
 
     def load_schedule_state(self, state: dict[str, Any] | None) -> None:
-        """Restore :meth:`schedule_state` (after :meth:`setup`)."""
+        """Restore :meth:`schedule_state` (after :meth:`setup` and the restored :attr:`history`) and the
+        failure streak: the history's last rounds that every sampled client failed (a round without any
+        work neither adds nor ends it; an asynchronous server step always ends with an accepted arrival)."""
+        counted = (r for r in reversed(self.history) if not r.skipped or r.failed)
+        self.failed_streak = sum(1 for _ in itertools.takewhile(lambda r: r.skipped, counted))
         if state is None or not self.system.clocked:
             return
         self.clock = float(state["clock"])

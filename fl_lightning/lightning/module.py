@@ -114,7 +114,8 @@ class FederatedModule(LightningModule):
         max_failed_rounds: With ``tolerate_client_failures``, a round in which every sampled client
             failed is skipped (global model and server optimizer unchanged, ``round/failed_clients``
             logged, a warning); this many consecutive skipped rounds stop the run with a
-            :class:`~fl_lightning.errors.RunError` that quotes the first client's error.
+            :class:`~fl_lightning.errors.RunError` that quotes the last error (FedBuff, FedAsync: this many
+            times ``M`` consecutive failed arrivals).
         seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). None: the
             run's one seed, that of the last ``lightning.seed_everything`` (0 if none was set), as on the
             command line, where it is ``seed_everything`` (linked; not a separate option).

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from torch import Tensor, nn
+from torch import nn
 
-from fl_lightning.api import DELTA, AsyncStrategy, ClientContext, Payload, register_strategy
+from fl_lightning.api import DELTA, AsyncStrategy, Payload, register_strategy
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.staleness import STALENESS, scaled_difference, staleness_weight
 from fl_lightning.functional.tensor import shared_state
-from fl_lightning.strategies.fedprox import keep_proximal_anchor, proximal_loss
-
-_TERMS = "fedasync/terms"
+from fl_lightning.strategies.fedprox import Proximal
 
 
 @register_strategy
-class FedAsync(AsyncStrategy):
+class FedAsync(Proximal, AsyncStrategy):
     """FedAsync, Xie, Koyejo & Gupta, "Asynchronous Federated Optimization" (arXiv:1903.03934, 2019), Alg. 1,
     Sec. 3 and Sec. 5.2.
 
@@ -65,15 +63,10 @@ class FedAsync(AsyncStrategy):
         self.rho = rho
 
     # ------------------------------------------------------------------------------ client side
-    def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
-        super().on_client_start(module, ctx)
-        keep_proximal_anchor(module, ctx, _TERMS)
-
-    def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
-        """``rho/2 ||z - x_tau||^2`` (none with ``rho = 0``)."""
-        if self.rho == 0:
-            return None
-        return self.rho * proximal_loss(module, ctx, _TERMS)
+    @property
+    def proximal_coefficient(self) -> float:
+        """``rho``, the coefficient of the local term ``rho/2 ||z - x_tau||^2`` (:class:`Proximal`)."""
+        return self.rho
 
     # ------------------------------------------------------------------------------ server side
     def mixing_weight(self, staleness: int) -> float:

@@ -11,7 +11,7 @@ from fl_lightning.errors import check_number
 from fl_lightning.functional.corrections import trainable_parameters
 from fl_lightning.functional.tensor import proximal_terms
 
-_TERMS = "fedprox/terms"
+_TERMS = "proximal/terms"
 
 
 def _anchor_terms(module: nn.Module, ctx: ClientContext) -> tuple[list[Tensor], list[Tensor]]:
@@ -20,21 +20,35 @@ def _anchor_terms(module: nn.Module, ctx: ClientContext) -> tuple[list[Tensor], 
     return list(named.values()), [anchor[n] for n in named]
 
 
-def keep_proximal_anchor(module: nn.Module, ctx: ClientContext, key: str) -> None:
-    """Keep the trainable parameters and the received weights they are pulled towards in ``ctx.scratch[key]``
-    (once per client; :func:`proximal_loss` reads them every step)."""
-    ctx.scratch[key] = _anchor_terms(module, ctx)
+class Proximal:
+    """Mixin adding the proximal term ``c/2 ||w - w_received||^2`` to the local objective (FedProx Sec. 3,
+    Eq. 2); list it before the base strategy.
 
+    The coefficient ``c`` is the subclass's :attr:`proximal_coefficient` (FedProx's ``mu``, FedAsync's
+    ``rho``); with ``c = 0`` the term is skipped, so the weights are the base strategy's bit for bit. The
+    term sums over stacked clients, so a vectorizable base stays vectorizable.
+    """
 
-def proximal_loss(module: nn.Module, ctx: ClientContext, key: str) -> Tensor:
-    """``1/2 ||w - w_received||^2`` over the trainable parameters (FedProx Sec. 3, Eq. 2, without mu), from
-    the terms :func:`keep_proximal_anchor` kept (built here for a context made outside the round loop)."""
-    terms = ctx.scratch.get(key)
-    return proximal_terms(*(terms if terms is not None else _anchor_terms(module, ctx)))
+    #: The coefficient ``c >= 0`` of the term, which the subclass names (a property returning it).
+    proximal_coefficient: float
+
+    def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
+        """Keep the trainable parameters and the received weights they are pulled towards (once per client;
+        :meth:`local_loss` reads them every step)."""
+        super().on_client_start(module, ctx)  # type: ignore[misc]
+        ctx.scratch[_TERMS] = _anchor_terms(module, ctx)
+
+    def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
+        """``c/2 ||w - w_received||^2`` over the trainable parameters (none with ``c = 0``)."""
+        c = self.proximal_coefficient
+        if c == 0:
+            return None
+        terms = ctx.scratch.get(_TERMS)  # built here for a context made outside the round loop
+        return c * proximal_terms(*(terms if terms is not None else _anchor_terms(module, ctx)))
 
 
 @register_strategy
-class FedProx(Strategy):
+class FedProx(Proximal, Strategy):
     """FedProx, Li et al. (2020), Sec. 3, eq. (2): local objective with a proximal term.
 
     Client ``k`` minimises
@@ -57,14 +71,10 @@ class FedProx(Strategy):
         check_number(mu, "model.strategy.mu", low=0, hint="(proximal coefficient); the paper uses 0.001-1")
         self.mu = mu
 
-    def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
-        super().on_client_start(module, ctx)
-        keep_proximal_anchor(module, ctx, _TERMS)
-
-    def local_loss(self, module: nn.Module, ctx: ClientContext, batch: Any, outputs: Tensor) -> Tensor | None:
-        if self.mu == 0:
-            return None
-        return self.mu * proximal_loss(module, ctx, _TERMS)
+    @property
+    def proximal_coefficient(self) -> float:
+        """``mu``, the coefficient of :class:`Proximal`'s term."""
+        return self.mu
 
     def extra_repr(self) -> str:
         return f"mu={self.mu}, server_lr={self.server_lr}"

@@ -10,11 +10,24 @@ import torch
 from fl_lightning.api import Aggregator
 from fl_lightning.engine.asynchronous import AsyncSchedule
 from fl_lightning.engine.system import Devices, RoundPolicy, Stragglers, Trace
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import DP, FedAsync, FedAvg, FedBuff
 
 from conftest import global_weights, make_data, make_engine, make_module, make_trainer
+
+
+class FailingBuff(FedBuff):
+    """FedBuff whose clients in ``fail`` raise."""
+
+    def __init__(self, fail, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail = set(fail)
+
+    def on_client_start(self, module, ctx):
+        super().on_client_start(module, ctx)
+        if ctx.client_id in self.fail:
+            raise RuntimeError("deliberate failure")
 
 
 def trace(tmp_path, speeds):
@@ -133,3 +146,29 @@ def test_what_an_asynchronous_strategy_cannot_run_is_one_line_before_the_first_s
     with pytest.raises(ConfigError, match=message) as info:
         make_engine(strategy(), num_clients=4, **config)
     assert "\n" not in str(info.value)
+
+
+def test_failed_arrivals_stop_the_run_after_max_failed_rounds_times_the_clients_in_flight():
+    strategy = FailingBuff(range(6), concurrency=3, buffer_size=1)
+    engine = make_engine(strategy, num_clients=6, max_failed_rounds=2)
+    with pytest.raises(RunError) as info:
+        engine.run_round(0)
+    msg = str(info.value)
+    assert msg.startswith("server step 0: every sampled client failed for 6 consecutive arrivals")
+    assert "(last error: client " in msg and "deliberate failure" in msg
+    assert msg.endswith("model.max_failed_rounds=2 (the limit is it times the 3 clients in flight)")
+
+
+def test_an_accepted_arrival_ends_the_failure_streak_and_a_resume_restores_it():
+    """Clients 0 and 1 fail: on equal devices at most two failed arrivals come in a row (each wave of three
+    arrivals ends with an accepted one), under a limit of 3; the streak is 0 after every server step, and a
+    resume takes it from the history."""
+    strategy = FailingBuff({0, 1}, concurrency=3, buffer_size=1)
+    engine = make_engine(strategy, num_clients=6, max_failed_rounds=1)
+    for r in range(8):
+        engine.run_round(r)
+        assert engine.failed_streak == 0
+    assert sum(r.failed for r in engine.history) >= 3
+    engine.failed_streak = 2
+    engine.load_schedule_state(engine.schedule_state())
+    assert engine.failed_streak == 0

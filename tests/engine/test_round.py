@@ -14,6 +14,7 @@ from fl_lightning.engine import Engine, EngineConfig, LocalConfig, Sequential
 from fl_lightning.engine.round import num_sampled
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.functional.sampling import sample_clients
+from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import (
     DP,
     Ditto,
@@ -27,7 +28,7 @@ from fl_lightning.strategies import (
     PFedMe,
 )
 
-from conftest import global_weights, make_data, make_engine, make_module
+from conftest import global_weights, make_data, make_engine, make_module, make_trainer
 
 
 def test_sampling_depends_only_on_seed_and_round():
@@ -160,6 +161,34 @@ def test_consecutive_failed_rounds_stop_the_run_with_one_line(fit):
     assert "(last error: client 0: RuntimeError: deliberate failure)" in msg
     assert "model.max_failed_rounds=2" in msg
     assert len(module.history) == 1
+
+
+def test_a_round_with_uploads_ends_the_failure_streak():
+    """A failed round is one unit of the streak: 0, 1 fail, 2 aggregates, 3, 4 fail (2 in a row), 5 stops."""
+    engine = make_engine(FailingAvgM(fail_rounds={0, 1, 3, 4, 5}), max_failed_rounds=3)
+    streaks = []
+    for r in range(5):
+        engine.run_round(r)
+        streaks.append(engine.failed_streak)
+    assert streaks == [1, 2, 0, 1, 2]
+    with pytest.raises(RunError, match="^round 5: every sampled client failed for 3 consecutive rounds"):
+        engine.run_round(5)
+
+
+def test_the_failure_streak_survives_a_resume(tmp_path):
+    """Two failed rounds, a checkpoint, a resume: the third failed round in a row stops the run."""
+
+    def run(rounds, folder, ckpt=None):
+        module = make_module(FailingAvgM(fail_rounds={0, 1, 2}), max_failed_rounds=3)
+        trainer = make_trainer(
+            folder, rounds=rounds, enable_checkpointing=True, callbacks=[LastRoundCheckpoint(folder / "ck")]
+        )
+        trainer.fit(module, datamodule=make_data(), ckpt_path=ckpt)
+        return module
+
+    assert run(2, tmp_path / "a").engine.failed_streak == 2
+    with pytest.raises(RunError, match="^round 2: every sampled client failed for 3 consecutive rounds"):
+        run(4, tmp_path / "b", ckpt=str(tmp_path / "a" / "ck" / "last.ckpt"))
 
 
 def test_failures_stop_the_run_at_once_when_not_tolerated(fit):
