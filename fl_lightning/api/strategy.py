@@ -85,7 +85,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.api.aggregation import Aggregator
-from fl_lightning.api.types import ClientContext, RoundInfo, RunSpec
+from fl_lightning.api.types import ClientContext, LocalTraining, RoundInfo, RunSpec
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient, shared_state
@@ -302,11 +302,16 @@ class Strategy(nn.Module):
         """
         load_personal(module, state)
 
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
+    def adapt(
+        self, module: nn.Module, data: ClientData, state: dict[str, Tensor], local: LocalTraining
+    ) -> None:
         """Client-side work on its own training data after :meth:`personalize`, before its evaluation.
 
         For deployed models that the client computes at evaluation time from the current global
-        model: FineTune (the "+FT" baselines); default: none.
+        model: FineTune (the "+FT" baselines) and FedBABU fine-tune through ``local.fine_tune`` (the
+        engine's local steps: precision, clipping, the client's RNG discipline), Per-FedAvg takes one step,
+        FedALA its aggregation, IFCA picks its cluster (``local.batch_size``: the local batch size);
+        default: none.
         """
 
     # --------------------------------------------------------------------------------- server side
