@@ -66,6 +66,9 @@ class FedALA(Strategy):
     """
 
     name = "fedala"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
 
     def __init__(
         self,

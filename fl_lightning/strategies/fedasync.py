@@ -40,6 +40,8 @@ class FedAsync(AsyncStrategy):
     """
 
     name = "fedasync"
+    changes_gradients = True
+    prepares_clients = True
     vectorizable = True  # the proximal term sums over stacked clients, as FedProx's
 
     def __init__(

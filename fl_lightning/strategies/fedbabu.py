@@ -42,6 +42,8 @@ class FedBABU(Strategy):
     """
 
     name = "fedbabu"
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(
         self,

@@ -50,6 +50,8 @@ class FedProx(Strategy):
     """
 
     name = "fedprox"
+    changes_gradients = True
+    prepares_clients = True
     vectorizable = True  # the proximal term sums over stacked clients
 
     def __init__(self, mu: float = 0.01, server_lr: float = 1.0) -> None:

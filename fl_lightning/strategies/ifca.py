@@ -99,6 +99,8 @@ class IFCA(Strategy):
     """
 
     name = "ifca"
+    deploys_personal_model = True
+    prepares_clients = True
     vectorizable = Vectorizable(unless=_own_data)
     allowed_plugins = ("FineTune",)
     deploys_server_models = True  # the cluster models: not deployable from a Flower node

@@ -59,6 +59,10 @@ class PerFedAvg(Strategy):
     """
 
     name = "per_fedavg"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(
         self, alpha: float = 0.01, variant: str = "FO", delta: float = 1e-3, server_lr: float = 1.0

@@ -34,6 +34,7 @@ class FineTune(StrategyWrapper):
     """
 
     name = "finetune"
+    deploys_personal_model = True
     vectorizable = True  # fine-tuning is in adapt (per-client evaluation), not in the local steps
 
     def __init__(
