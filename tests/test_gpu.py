@@ -211,13 +211,14 @@ def test_data_module_to_is_idempotent(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_finetune_and_pfedme_move_host_batches_to_the_module_device(device):
+    from fl_lightning.engine.local import LocalConfig, local_training
     from fl_lightning.functional.moreau import personal_steps
     from fl_lightning.strategies.plugins.finetune import FineTune
 
     data = synthetic_data()
     data.setup("fit")  # the data stays on the host
     worker = make_module().client.to(device)
-    FineTune(epochs=1).adapt(worker, data.clients[0], {}, batch_size=16)
+    FineTune(epochs=1).adapt(worker, data.clients[0], {}, local_training(LocalConfig(16)))
     theta = {n: p.detach().clone().requires_grad_(True) for n, p in worker.named_parameters()}
     optimizer = torch.optim.SGD(list(theta.values()), lr=0.1)
     batch = next(data.clients[0].batches(16, 1, torch.Generator().manual_seed(0)))

@@ -1,7 +1,8 @@
 """What strategies (and user code) program against: the bottom of the package above ``functional``.
 
 - :mod:`~fl_lightning.api.types`: what travels through a round (``Payload``, ``ClientContext``,
-  ``ClientResult``, ``RoundInfo``, ``RoundResult``) and what a run is made of (``RunSpec``);
+  ``ClientResult``, ``RoundInfo``, ``RoundResult``), what a run is made of (``RunSpec``) and the local
+  training a client's deployment-time work runs through (``LocalTraining``);
 - :mod:`~fl_lightning.api.buffers`: ``TensorBuffers``, a strategy's model-shaped server state;
 - :mod:`~fl_lightning.api.aggregation`: the ``Aggregator`` a strategy configures (weighting, receive, reduce);
 - :mod:`~fl_lightning.api.collectives`: the process-group collectives the aggregators use;
@@ -42,6 +43,7 @@ from fl_lightning.api.task import TASKS, Task
 from fl_lightning.api.types import (
     ClientContext,
     ClientResult,
+    LocalTraining,
     Payload,
     RoundInfo,
     RoundResult,
@@ -61,6 +63,7 @@ __all__ = [
     "ClientModule",
     "ClientResult",
     "Entry",
+    "LocalTraining",
     "Payload",
     "RoundInfo",
     "RoundResult",

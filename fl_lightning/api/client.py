@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -60,6 +60,27 @@ class ClientModule(LightningModule):
         momentum: SGD momentum (local; the buffer is reset every round as in the papers).
         weight_decay: Weight decay applied by the optimizer (``L2`` for SGD/Adam, decoupled for AdamW).
     """
+
+    #: The methods that the vectorised clients' stacked worker re-implements on stacked parameters.
+    STACKED_METHODS: ClassVar[tuple[str, ...]] = (
+        "forward",
+        "training_step",
+        "task_loss",
+        "configure_optimizers",
+        "on_before_optimizer_step",
+    )
+    #: Whether the clients of this class may train stacked (``model.vectorize``): declared ``False`` by a
+    #: subclass that changes one of :attr:`STACKED_METHODS` (the stacked worker would not run its version).
+    #: Safe fallback: a subclass that overrides one of them in its own body without declaring ``stackable``
+    #: there gets ``False`` (it trains one client at a time, with the vectorised path's notice).
+    stackable: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The safe fallback of an undeclared ``stackable`` (see :attr:`stackable`)."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "stackable" not in own and any(m in own for m in cls.STACKED_METHODS):
+            cls.stackable = False
 
     def __init__(
         self,

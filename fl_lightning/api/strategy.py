@@ -71,6 +71,18 @@ to one client at a time with a one-line notice naming the reason:
 - A plug-in (:class:`StrategyWrapper`) declares it for its own hooks and vectorises only when its base does
   too; its scratch keys add to its base's. Clients with personal layers never vectorise (a client's first
   round starts them from the initial model).
+
+Capabilities (:data:`CAPABILITIES`): what the engine needs to know of a strategy's client hooks is declared
+by class attributes, inherited, and read through :func:`declaring` alone, never from which methods a class
+overrides: ``steps_itself`` (its :meth:`local_step` replaces ``optimizer.step(closure)``: refused under
+16-mixed), ``changes_gradients`` (a hook adds to, reads or changes the gradients between backward and step:
+the local SGD step is not fused into the backward), ``deploys_personal_model`` (:meth:`personalize` or
+:meth:`adapt` make a client's deployed model differ from the global one: per-client evaluation) and
+``prepares_clients`` (:meth:`on_client_start` does more than load personal entries, e.g. reads the weights:
+vectorised clients load the message first). Every strategy of the package declares those its hooks need. A
+class (a user's) that overrides a capability's hook in its own body without declaring the capability there
+or inheriting it gets the safe fallback: the capability is set for it (the conservative reading) and named
+in its ``undeclared`` attribute; a class may declare ``False`` in its own body for a hook that needs none.
 """
 
 from __future__ import annotations
@@ -85,7 +97,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.api.aggregation import Aggregator
-from fl_lightning.api.types import ClientContext, RoundInfo, RunSpec
+from fl_lightning.api.types import ClientContext, LocalTraining, RoundInfo, RunSpec
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sampling import sample_clients
 from fl_lightning.functional.tensor import Payload, load_tensors, pseudo_gradient, shared_state
@@ -115,6 +127,15 @@ class Vectorizable:
     unless: Callable[[Any, nn.Module], str | None] | None = None
 
 
+#: Each declared capability (a class attribute of :class:`Strategy`) and the hooks whose override needs it.
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "steps_itself": ("local_step",),
+    "changes_gradients": ("local_step", "local_loss", "on_before_optimizer_step", "on_after_optimizer_step"),
+    "deploys_personal_model": ("personalize", "adapt"),
+    "prepares_clients": ("on_client_start",),
+}
+
+
 class Strategy(nn.Module):
     """Base strategy: FedAvg's behaviour on every hook; subclasses override what differs.
 
@@ -138,6 +159,38 @@ class Strategy(nn.Module):
     #: weights) does not carry (IFCA's and CFL's cluster models): refused on the Flower path, never evaluated
     #: wrongly.
     deploys_server_models: ClassVar[bool] = False
+    # The capabilities (module docstring, :data:`CAPABILITIES`), declared where the hooks need them:
+    #: Its :meth:`local_step` replaces ``optimizer.step(closure)`` (refused under 16-mixed's gradient scaler).
+    steps_itself: ClassVar[bool] = False
+    #: A client hook adds to, reads or changes the gradients between backward and step.
+    changes_gradients: ClassVar[bool] = False
+    #: :meth:`personalize` or :meth:`adapt` make a client's deployed model differ from the global one.
+    deploys_personal_model: ClassVar[bool] = False
+    #: :meth:`on_client_start` does more than load the personal entries (it reads or changes the weights).
+    prepares_clients: ClassVar[bool] = False
+    #: The capabilities this class left undeclared and got by the safe fallback (empty for the package's).
+    undeclared: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The safe fallback of an undeclared capability (module docstring)."""
+        super().__init_subclass__(**kwargs)
+        # the class's own body and its mixins (bases that are no strategies, e.g. SharpnessAware)
+        local = [k for k in cls.__mro__ if k is cls or not issubclass(k, Strategy)]
+        parents = [b for b in cls.__bases__ if issubclass(b, Strategy)]
+
+        def defined(name: str) -> bool:
+            return any(name in vars(k) for k in local)
+
+        missing = [
+            capability
+            for capability, hooks in CAPABILITIES.items()
+            if not defined(capability)
+            and not any(getattr(p, capability) for p in parents)
+            and any(defined(h) for h in hooks)
+        ]
+        for capability in missing:
+            setattr(cls, capability, True)
+        cls.undeclared = tuple(missing)
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
@@ -302,11 +355,16 @@ class Strategy(nn.Module):
         """
         load_personal(module, state)
 
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
+    def adapt(
+        self, module: nn.Module, data: ClientData, state: dict[str, Tensor], local: LocalTraining
+    ) -> None:
         """Client-side work on its own training data after :meth:`personalize`, before its evaluation.
 
         For deployed models that the client computes at evaluation time from the current global
-        model: FineTune (the "+FT" baselines); default: none.
+        model: FineTune (the "+FT" baselines) and FedBABU fine-tune through ``local.fine_tune`` (the
+        engine's local steps: precision, clipping, the client's RNG discipline), Per-FedAvg takes one step,
+        FedALA its aggregation, IFCA picks its cluster (``local.batch_size``: the local batch size);
+        default: none.
         """
 
     # --------------------------------------------------------------------------------- server side
@@ -393,14 +451,21 @@ HOOKS = (
 )
 
 
+def declaring(strategy: Strategy, capability: str) -> str | None:
+    """The name of the class of ``strategy``'s wrapper chain (the outermost plug-in first) that declares
+    ``capability`` (a key of :data:`CAPABILITIES`), None if none does."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"unknown capability {capability!r}; one of {', '.join(CAPABILITIES)}")
+    for part in reversed(list(_chain(strategy))):
+        if getattr(type(part), capability):
+            return type(part).__name__
+    return None
+
+
 def own_local_step(strategy: Strategy) -> str | None:
-    """The name of the class that overrides :meth:`Strategy.local_step` in ``strategy`` (a wrapper's own
-    override, else its base's), None if the default ``optimizer.step(closure)`` is used."""
-    if isinstance(strategy, StrategyWrapper):
-        if type(strategy).local_step is not StrategyWrapper.local_step:
-            return type(strategy).__name__
-        return own_local_step(strategy.base)
-    return type(strategy).__name__ if type(strategy).local_step is not Strategy.local_step else None
+    """The name of the class whose own :meth:`Strategy.local_step` ``strategy`` uses (a wrapper's, else its
+    base's: the declared ``steps_itself``), None if the default ``optimizer.step(closure)`` is used."""
+    return declaring(strategy, "steps_itself")
 
 
 def load_personal(module: nn.Module, state: dict[str, Tensor]) -> None:

@@ -2,17 +2,19 @@
 
 ``Payload`` (named groups of named tensors, e.g. ``{"weights": {...}, "controls": {...}}``) is what a
 message or an upload holds. :class:`ClientContext` is a client's view during its local work,
-:class:`ClientResult` its outcome; :class:`RoundInfo` is what the server knows when it aggregates and
+:class:`ClientResult` its outcome; :class:`LocalTraining` is the run's local training handed to a client's
+deployment-time work; :class:`RoundInfo` is what the server knows when it aggregates and
 :class:`RoundResult` the round's aggregate. :class:`RunSpec` is what a strategy checks its configuration
 against before the first round (:meth:`~fl_lightning.api.strategy.Strategy.check`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from fl_lightning.functional.tensor import Payload
 
@@ -66,6 +68,40 @@ class ClientContext:
     data: ClientData | None = None
     seed: int = 0
     stacked: int = 0
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """The run's local training as the engine hands it to
+    :meth:`Strategy.adapt <fl_lightning.api.strategy.Strategy.adapt>` (a client's work on its own data before
+    its evaluation): the strategies train through it, never with a loop of their own.
+
+    Attributes:
+        batch_size: The clients' local batch size.
+        seed: The run seed (``model.seed``).
+        run: The engine's local steps (:func:`fl_lightning.engine.local.fine_tune`):
+            ``run(module, data, epochs, lr, seed)`` takes ``epochs`` passes of mini-batch steps of
+            ``module``'s own optimizer (its lr replaced by ``lr`` unless None) on ``data``'s training split,
+            through the loop of a client's local training (the precision plugin, ``model.grad_clip_norm``,
+            the client's RNG discipline), in train mode (restored after), the global RNG left as it was.
+    """
+
+    batch_size: int
+    seed: int
+    run: Callable[[nn.Module, ClientData, int, float | None, int], None]
+
+    def fine_tune(
+        self,
+        module: nn.Module,
+        data: ClientData,
+        epochs: int,
+        lr: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        """``epochs`` passes of local steps of ``module`` on ``data`` (see :attr:`run`); the batch order and
+        the random draws come from a stream seeded by ``(seed, client)`` (``seed``: the run seed unless
+        given)."""
+        self.run(module, data, epochs, lr, self.seed if seed is None else seed)
 
 
 @dataclass

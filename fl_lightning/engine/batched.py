@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from fl_lightning.api.strategy import declaring
+
 if TYPE_CHECKING:
     from fl_lightning.api.strategy import Strategy
     from fl_lightning.engine.local import LocalConfig
@@ -57,8 +59,6 @@ def chain_runs_on(device: torch.device) -> bool:
 #: (:class:`Deferred`): far larger than the per-core caches (2 MiB of L2 on the benchmarks' machine), where
 #: a step's traffic over the weights, not its arithmetic, sets its time.
 DEFER_BYTES = 4 * 2**20
-#: The strategy hooks that could add to, read or change the gradients between backward and step.
-GRADIENT_HOOKS = ("local_step", "local_loss", "on_before_optimizer_step", "on_after_optimizer_step")
 _ACTIVATIONS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
 _FUNCTIONS = {
     torch.relu: "relu",
@@ -188,7 +188,8 @@ def fusion_blocker(
     """Why the local SGD step cannot be fused into the batched chain's backward (None: it can); one clause.
 
     See the module docstring: plain ``torch.optim.SGD`` (no momentum, not ``maximize``, float lr; weight
-    decay allowed), no clipping, no gradient scaler, and no strategy hook of :data:`GRADIENT_HOOKS`.
+    decay allowed), no clipping, no gradient scaler, and a strategy that does not declare
+    ``changes_gradients`` (:data:`~fl_lightning.api.strategy.CAPABILITIES`).
     """
     if type(optimizer) is not torch.optim.SGD:
         return f"the local optimizer is {type(optimizer).__name__}, not plain SGD"
@@ -205,28 +206,10 @@ def fusion_blocker(
         return "model.grad_clip_norm clips the gradients"
     if getattr(precision, "scaler", None) is not None:
         return "a gradient scaler steps the optimizer"
-    overrides = gradient_hooks(strategy)
-    if overrides:
-        return f"{overrides[0]} may read or change the gradients"
+    owner = declaring(strategy, "changes_gradients")
+    if owner is not None:
+        return f"{owner} may read or change the gradients"
     return None
-
-
-def gradient_hooks(strategy: Strategy, hooks: Sequence[str] = GRADIENT_HOOKS) -> list[str]:
-    """``Class.hook`` for each of ``hooks`` (default :data:`GRADIENT_HOOKS`) that ``strategy`` or a plug-in
-    around it overrides (empty: every one is the base class's)."""
-    from fl_lightning.api.strategy import Strategy, StrategyWrapper
-
-    found = []
-    while True:
-        base = StrategyWrapper if isinstance(strategy, StrategyWrapper) else Strategy
-        found += [
-            f"{type(strategy).__name__}.{hook}"
-            for hook in hooks
-            if getattr(type(strategy), hook) is not getattr(base, hook)
-        ]
-        if not isinstance(strategy, StrategyWrapper):
-            return found
-        strategy = strategy.base
 
 
 class ChainRun:
@@ -524,6 +507,5 @@ __all__ = [
     "Layer",
     "chain_runs_on",
     "fusion_blocker",
-    "gradient_hooks",
     "linear_chain",
 ]

@@ -41,8 +41,9 @@ from fl_lightning.api.aggregation import Aggregator
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed, world
 from fl_lightning.api.metrics import TaskMetrics
+from fl_lightning.api.strategy import declaring
 from fl_lightning.api.types import ClientResult, RoundResult
-from fl_lightning.engine.batched import gradient_hooks, linear_chain
+from fl_lightning.engine.batched import linear_chain
 from fl_lightning.engine.calibrate import CpuDecision
 from fl_lightning.engine.distributed import assign_clients
 from fl_lightning.engine.local import LocalConfig, outputs_together, train_client
@@ -245,7 +246,7 @@ class Vectorized(Sequential):
 
     def evaluate(self, work: Work) -> Evaluation:
         """As one at a time (:meth:`Sequential.evaluate`); where every client deploys the global model
-        itself (a strategy with the base class's ``personalize`` and ``adapt`` and no personal layers, on a
+        itself (a strategy that declares no ``deploys_personal_model`` and keeps no personal layers, on a
         network that vectorises), the clients' test batches go through it together, about
         ``eval_batch_size`` samples per forward, and each client's metrics are updated with its own batches'
         outputs as one at a time."""
@@ -253,7 +254,7 @@ class Vectorized(Sequential):
         strategy, local = work.strategy, work.local
         if (
             self.size == 1
-            or gradient_hooks(strategy, ("personalize", "adapt"))
+            or declaring(strategy, "deploys_personal_model")
             or strategy.personal_names(work.model)
             or cannot_vectorize(worker, strategy, local, work.precision) is not None
         ):

@@ -5,23 +5,25 @@ its data and its RNG stream (derived from ``(seed, round, client_id)``), so it g
 whichever process runs it (one process, several, a Flower SuperNode) and however many rounds ran before
 a resume. :func:`check_upload` is the client fault the engine tolerates (non-finite values);
 :func:`evaluate_deployed` evaluates the model a client deploys (the global model after the strategy's
-``personalize`` and ``adapt``) on its local test split. Every executor and the Flower ClientApp call these
-same functions.
+``personalize`` and ``adapt``, which fine-tunes through :func:`fine_tune`: the same local steps) on its
+local test split. Every executor and the Flower ClientApp call these same functions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
-from fl_lightning.api.types import ClientContext, ClientResult
+from fl_lightning.api.strategy import Strategy
+from fl_lightning.api.types import ClientContext, ClientResult, LocalTraining
 from fl_lightning.data.federated import ClientData
 from fl_lightning.engine.calibrate import CPU_MODES
 from fl_lightning.errors import ConfigError, check_number
@@ -37,10 +39,9 @@ from fl_lightning.functional.tensor import (
     to_device,
 )
 
-if TYPE_CHECKING:
-    from fl_lightning.api.strategy import Strategy
-
 _CLIENT_STREAM = 0xC11
+#: The stream of a client's deployment-time fine-tuning (:func:`fine_tune`).
+_FINETUNE_STREAM = 0xF7E
 #: Parameters below which a CPU process trains on one intra-op thread by default (see :func:`cpu_threads`).
 SMALL_MODEL = 1_000_000
 
@@ -74,8 +75,7 @@ def evaluate_deployed(
     strategy: Strategy,
     data: ClientData,
     state: dict[str, Tensor],
-    batch_size: int,
-    eval_batch_size: int,
+    config: LocalConfig,
     metrics: TaskMetrics,
     precision: Any = None,
 ) -> None:
@@ -83,15 +83,77 @@ def evaluate_deployed(
 
     The deployed model is the global model (``weights``, loaded into ``worker``) after
     ``strategy.personalize`` (the client's personal entries from ``state``) and ``strategy.adapt`` (e.g.
-    local fine-tuning on its training data, batch size ``batch_size``); a client without a test split is
-    evaluated on its training data.
+    local fine-tuning on its training data, through :func:`local_training`: the run's batch size, precision
+    and clipping); a client without a test split is evaluated on its training data (batch size
+    ``config.eval_batch_size``).
     """
     device = module_device(worker)
     load_tensors(worker, weights)
     state = {k: v.to(device) for k, v in state.items()}
     strategy.personalize(worker, data.client_id, state)
-    strategy.adapt(worker, data, state, batch_size)
-    evaluate(worker, data.eval_batches(eval_batch_size), metrics, precision)
+    strategy.adapt(worker, data, state, local_training(config, precision))
+    evaluate(worker, data.eval_batches(config.eval_batch_size), metrics, precision)
+
+
+def local_training(config: LocalConfig, precision: Any = None) -> LocalTraining:
+    """The run's local training as :meth:`Strategy.adapt <fl_lightning.api.strategy.Strategy.adapt>` gets it:
+    the batch size, the run seed and :func:`fine_tune` with ``config`` and ``precision``."""
+    return LocalTraining(
+        config.batch_size, config.seed, functools.partial(fine_tune, config=config, precision=precision)
+    )
+
+
+def fine_tune(
+    module: ClientModule,
+    data: ClientData,
+    epochs: int,
+    lr: float | None,
+    seed: int,
+    *,
+    config: LocalConfig,
+    precision: Any = None,
+) -> None:
+    """``epochs`` passes of plain local steps of ``module`` on ``data``'s training split: a client's
+    deployment-time fine-tuning (FineTune's "+FT", FedBABU's), through :func:`local_steps` as a client's
+    local training runs (``training_step``'s task loss, ``config.batch_size``, the precision plugin and its
+    gradient scaler, ``model.grad_clip_norm``), with no strategy term (the base :class:`Strategy`'s hooks).
+
+    The optimizer is ``module.configure_optimizers()`` with every group's lr set to ``lr`` (None: the
+    client optimizer's initial lr, undecayed). Batch order and random draws (dropout) come from the stream
+    seeded by ``(seed, client)``, in a fork of the default RNGs (the global RNG is left as it was); the
+    module is trained in train mode (its mode restored after) and its train statistics are its own. The
+    gradient scaler, shared with the rounds' local training, is restored after, so evaluating never changes
+    how the next round trains. ``epochs`` 0: no-op.
+    """
+    steps = epochs * data.steps_per_epoch(config.batch_size)
+    if steps == 0:
+        return
+    device = module_device(module)
+    derived = derive_seed(seed, _FINETUNE_STREAM, data.client_id)
+    scaler = getattr(precision, "scaler", None)
+    scaler_state = scaler.state_dict() if scaler is not None else None
+    was_training = module.training
+    with forked_rng(derived, device), torch.enable_grad(), module.local_training():
+        module.train()
+        plain = Strategy()
+        ctx = ClientContext(data.client_id, -1, {}, {}, data.num_samples, steps, 0.0, data=data, seed=seed)
+        optimizer = plain.configure_client_optimizer(module, ctx)
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] if lr is None else lr
+        ctx.lr = optimizer.param_groups[0]["lr"]
+        batches = data.batches(config.batch_size, steps, torch.Generator().manual_seed(derived))
+
+        def convert(batch: Any) -> Any:
+            batch = to_device(batch, device)  # the data may live elsewhere (e.g. on the host after fit)
+            return precision.convert_input(batch) if precision is not None else batch
+
+        try:
+            for _ in local_steps(module, plain, optimizer, ctx, batches, config, precision, convert):
+                pass
+        finally:
+            module.train(was_training)
+            if scaler is not None:
+                scaler.load_state_dict(scaler_state)
 
 
 @torch.no_grad()
@@ -369,10 +431,17 @@ def client_rng(seed: int, round: int, client_id: int, device: torch.device) -> I
     """The client's RNG stream: the default RNGs (CPU, and ``device`` if CUDA) seeded from
     ``(seed, round, client_id)`` and restored afterwards; yields the derived seed (for its generator)."""
     derived = client_seed(seed, round, client_id)
+    with forked_rng(derived, device):
+        yield derived
+
+
+@contextlib.contextmanager
+def forked_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """The default RNGs (CPU, and ``device`` if CUDA) seeded with ``seed`` inside, restored afterwards."""
     fork_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
-        seed_rng(derived, device)
-        yield derived
+        seed_rng(seed, device)
+        yield
 
 
 def client_result(

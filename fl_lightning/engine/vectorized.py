@@ -56,7 +56,7 @@ from torch.nn.utils.rnn import pad_sequence
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import cannot_vectorize as strategy_cannot_vectorize
-from fl_lightning.api.strategy import vector_scratch
+from fl_lightning.api.strategy import declaring, vector_scratch
 from fl_lightning.api.types import ClientContext, ClientResult
 from fl_lightning.data.federated import ClientData, take_stacked
 from fl_lightning.engine.batched import (
@@ -64,7 +64,6 @@ from fl_lightning.engine.batched import (
     ChainRun,
     chain_runs_on,
     fusion_blocker,
-    gradient_hooks,
     linear_chain,
 )
 from fl_lightning.engine.calibrate import host_memory_budget
@@ -88,8 +87,6 @@ log = logging.getLogger(__name__)
 
 #: Local optimizers whose update is elementwise (per client exact on stacked parameters).
 BATCHED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
-#: ClientModule methods the stacked worker re-implements; a subclass overriding one falls back.
-_CLIENT_HOOKS = ("forward", "training_step", "task_loss", "configure_optimizers", "on_before_optimizer_step")
 #: torch's dropout layers (by their public classes).
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 #: Bytes per client of model-size tensors besides the activations: parameters, gradients, optimizer
@@ -110,9 +107,8 @@ def cannot_vectorize(
         return reason
     if not isinstance(worker, ClientModule):
         return f"{type(worker).__name__} is not a ClientModule"
-    for hook in _CLIENT_HOOKS:
-        if getattr(type(worker), hook) is not getattr(ClientModule, hook):
-            return f"{type(worker).__name__} overrides {hook}"
+    if not type(worker).stackable:  # declared, or the fallback for an override of its STACKED_METHODS
+        return f"{type(worker).__name__} is not stackable (it changes what the stacked worker re-implements)"
     named = list(worker.named_parameters(remove_duplicate=False))
     if any(not n.startswith("net.") for n, _ in named):
         return "the client has parameters outside its net"
@@ -406,9 +402,9 @@ def _autocasts(precision: Any, device: torch.device) -> bool:
 
 def _bases(stack: StackedWorker, strategy: Strategy, ctx: ClientContext) -> dict[int, Tensor]:
     """``{id(stacked parameter): the one tensor every client's slot holds}`` at the start of the steps: the
-    message's shared weights, when the strategy keeps the base class's ``on_client_start`` (which loads
-    nothing else into them)."""
-    if any(hook.endswith(".on_client_start") for hook in gradient_hooks(strategy, ("on_client_start",))):
+    message's shared weights, when the strategy does not declare ``prepares_clients`` (the base class's
+    ``on_client_start`` loads nothing else into them)."""
+    if declaring(strategy, "prepares_clients"):
         return {}
     weights = ctx.message.get("weights", {})
     return {
@@ -631,7 +627,7 @@ def finish_client(
     """
     device = module_device(worker)
     # the base class's on_client_start reads no weights: the message's need not be loaded before the client's
-    load = bool(gradient_hooks(strategy, ("on_client_start",)))
+    load = declaring(strategy, "prepares_clients") is not None
     with client_rng(config.seed, round, data.client_id, device):
         ctx = start_client(worker, strategy, message, state, data, round, config, trained.lr, load)
         num_steps = ctx.num_steps

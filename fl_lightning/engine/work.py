@@ -103,8 +103,7 @@ class Work:
             self.strategy,
             self.data[client_id],
             self.state(client_id),
-            self.local.batch_size,
-            self.local.eval_batch_size,
+            self.local,
             metrics,
             self.precision,
         )

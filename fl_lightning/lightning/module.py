@@ -18,7 +18,7 @@ from torch import Tensor
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.collectives import all_gather_objects, is_distributed
 from fl_lightning.api.metrics import TaskMetrics
-from fl_lightning.api.strategy import Strategy
+from fl_lightning.api.strategy import Strategy, declaring
 from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.callbacks.results import spread_scalars
@@ -27,7 +27,6 @@ from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
 from fl_lightning.defaults import lazy_default
 from fl_lightning.engine.attack import SimulatedAttack, as_attack
-from fl_lightning.engine.batched import gradient_hooks
 from fl_lightning.engine.executors import Executor, Sequential, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
 from fl_lightning.engine.record import RoundRecord
@@ -513,10 +512,9 @@ class FederatedModule(LightningModule):
     @property
     def personalised(self) -> bool:
         """Whether a client deploys a model other than the global one (the strategy, or a plug-in around it,
-        overrides ``personalize`` or ``adapt``, or keeps personal layers)."""
+        declares ``deploys_personal_model``, or it keeps personal layers)."""
         return bool(
-            gradient_hooks(self.strategy, ("personalize", "adapt"))
-            or self.strategy.personal_names(self.client)
+            declaring(self.strategy, "deploys_personal_model") or self.strategy.personal_names(self.client)
         )
 
     def eval_weights(self) -> dict[int, float]:

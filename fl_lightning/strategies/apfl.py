@@ -51,6 +51,10 @@ class APFL(Strategy):
     """
 
     name = "apfl"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(
         self, alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None, server_lr: float = 1.0

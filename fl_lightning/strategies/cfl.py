@@ -86,6 +86,7 @@ class CFL(Strategy):
     """
 
     name = "cfl"
+    deploys_personal_model = True
     vectorizable = True  # the client side is FedAvg's (each client's cluster model is its message)
     allowed_plugins = ("FineTune", "Attack")
     deploys_server_models = True  # the cluster models: not deployable from a Flower node

@@ -82,6 +82,10 @@ class Ditto(Strategy):
     """
 
     name = "ditto"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(self, lam: float = 0.75, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

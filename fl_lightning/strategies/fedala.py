@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fl_lightning.api import ClientContext, Strategy, TensorBuffers, register_strategy
+from fl_lightning.api import ClientContext, LocalTraining, Strategy, TensorBuffers, register_strategy
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.personalized import ala_mix, ala_weight_step, std_below
@@ -66,6 +66,9 @@ class FedALA(Strategy):
     """
 
     name = "fedala"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
 
     def __init__(
         self,
@@ -125,8 +128,10 @@ class FedALA(Strategy):
         ctx.state.update({LOCAL + n: t.detach().clone() for n, t in shared_state(module).items()})
         return super().upload(module, ctx)
 
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
-        super().adapt(module, data, state, batch_size)
+    def adapt(
+        self, module: nn.Module, data: ClientData, state: dict[str, Tensor], local: LocalTraining
+    ) -> None:
+        super().adapt(module, data, state, local)
         if not any(k.startswith(LOCAL) for k in state):
             return  # never trained: the global model
         device = module_device(module)
@@ -135,7 +140,7 @@ class FedALA(Strategy):
         module.train()
         generator = torch.Generator().manual_seed(derive_seed(_STREAM, data.client_id))
         with torch.enable_grad(), torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            self.aggregate(module, dict(state), data, batch_size, generator, until_stable=False)
+            self.aggregate(module, dict(state), data, local.batch_size, generator, until_stable=False)
         module.train(was_training)
 
     def aggregate(

@@ -59,6 +59,7 @@ class FedAvgSAR(Strategy):
     """
 
     name = "fedavg_sar"
+    prepares_clients = True
 
     def __init__(
         self, ratio: float = 2.0, fill: Literal["own", "zero"] = "own", server_lr: float = 1.0

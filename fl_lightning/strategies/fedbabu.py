@@ -6,13 +6,12 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, Strategy, TensorBuffers, register_strategy
+from fl_lightning.api import ClientContext, LocalTraining, Strategy, TensorBuffers, register_strategy
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.representation import head_names
 from fl_lightning.functional.tensor import Payload, load_tensors, shared_state
 from fl_lightning.strategies.fedrep import train_only
-from fl_lightning.strategies.plugins.finetune import fine_tune
 
 
 @register_strategy
@@ -29,26 +28,29 @@ class FedBABU(Strategy):
               \\qquad \\phi^{t+1} = \\sum_k \\tfrac{n_k}{n} \\phi_k
 
     At evaluation (Sec. 4, "personalization") each client fine-tunes the whole network ``(phi^t, h^0)``
-    on its training split for ``finetune_epochs`` epochs with its local optimizer (the batch order
-    seeded by ``(seed, client)``) and deploys the result; the fine-tuned model is not kept.
+    on its training split for ``finetune_epochs`` epochs with its local optimizer, through the engine's local
+    steps (``trainer.precision``, ``model.grad_clip_norm``; the batch order and random draws seeded by
+    ``(seed, client)``), and deploys the result; the fine-tuned model is not kept.
 
     Args:
         head: The frozen layers: a count of last ``nn.Linear`` layers (1: the classifier, as in the paper)
             or module names (see :func:`fl_lightning.functional.representation.head_names`).
         finetune_epochs: ``tau_f``, fine-tuning epochs at evaluation (0: deploy the global model).
         finetune_lr: Fine-tuning learning rate (None: the client optimizer's initial ``lr``).
-        seed: Seed of the fine-tuning batch order.
+        seed: Seed of the fine-tuning stream (None: the run seed, ``model.seed``).
         server_lr: Server learning rate on the pseudo-gradient of the body.
     """
 
     name = "fedbabu"
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(
         self,
         head: int | Sequence[str] = 1,
         finetune_epochs: int = 5,
         finetune_lr: float | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         server_lr: float = 1.0,
     ) -> None:
         super().__init__(server_lr=server_lr)
@@ -56,7 +58,8 @@ class FedBABU(Strategy):
             raise ConfigError(f"model.strategy.finetune_epochs={finetune_epochs!r} must be an integer >= 0")
         if finetune_lr is not None:
             check_number(finetune_lr, "model.strategy.finetune_lr", low=0, low_open=True, hint="(or null)")
-        check_number(seed, "model.strategy.seed", low=0, hint="e.g. 0")
+        if seed is not None:
+            check_number(seed, "model.strategy.seed", low=0, hint="(or null for the run seed)")
         self.head = head if isinstance(head, int) else list(head)
         self.finetune_epochs = finetune_epochs
         self.finetune_lr = finetune_lr
@@ -88,10 +91,12 @@ class FedBABU(Strategy):
         train_only(module, self._all_trainable(module))
         return {"weights": shared_state(module, exclude=set(self.frozen_head.as_dict()))}
 
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
-        super().adapt(module, data, state, batch_size)
+    def adapt(
+        self, module: nn.Module, data: ClientData, state: dict[str, Tensor], local: LocalTraining
+    ) -> None:
+        super().adapt(module, data, state, local)
         train_only(module, self._all_trainable(module))
-        fine_tune(module, data, batch_size, self.finetune_epochs, self.finetune_lr, self.seed)
+        local.fine_tune(module, data, self.finetune_epochs, self.finetune_lr, self.seed)
 
     def extra_repr(self) -> str:
         return f"head={self.head}, finetune_epochs={self.finetune_epochs}, server_lr={self.server_lr}"

@@ -45,6 +45,8 @@ class FedCM(Strategy):
     """
 
     name = "fedcm"
+    changes_gradients = True
+    prepares_clients = True
     vectorizable = True  # alpha g + (1 - alpha) Delta^t is elementwise (Delta^t broadcasts)
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:

@@ -38,6 +38,8 @@ class FedDecorr(Strategy):
     """
 
     name = "feddecorr"
+    changes_gradients = True
+    prepares_clients = True
 
     def __init__(self, beta: float = 0.1, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

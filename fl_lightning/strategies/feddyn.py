@@ -59,6 +59,8 @@ class FedDyn(Strategy):
     """
 
     name = "feddyn"
+    changes_gradients = True
+    prepares_clients = True
     vectorizable = True  # alpha (w - w^t) - lambda_i is elementwise
 
     def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:

@@ -67,6 +67,7 @@ class FedGen(Strategy):
     """
 
     name = "fedgen"
+    changes_gradients = True
 
     def __init__(
         self,

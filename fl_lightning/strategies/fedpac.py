@@ -90,6 +90,7 @@ class FedPAC(FedRep):
     """
 
     name = "fedpac"
+    deploys_personal_model = True
 
     def __init__(
         self,

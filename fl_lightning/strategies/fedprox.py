@@ -64,6 +64,8 @@ class FedProx(Proximal, Strategy):
     """
 
     name = "fedprox"
+    changes_gradients = True
+    prepares_clients = True
     vectorizable = True  # the proximal term sums over stacked clients
 
     def __init__(self, mu: float = 0.01, server_lr: float = 1.0) -> None:

@@ -64,6 +64,8 @@ class FedReg(Strategy):
     """
 
     name = "fedreg"
+    steps_itself = True
+    changes_gradients = True
 
     def __init__(
         self,

@@ -53,6 +53,9 @@ class FedRep(FedPer):
     """
 
     name = "fedrep"
+    steps_itself = True
+    changes_gradients = True
+    prepares_clients = True
 
     def __init__(
         self,

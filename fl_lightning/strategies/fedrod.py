@@ -47,6 +47,9 @@ class FedRoD(Strategy):
     """
 
     name = "fedrod"
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

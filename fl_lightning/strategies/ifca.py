@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from fl_lightning.api import (
     Aggregator,
     ClientContext,
+    LocalTraining,
     RoundInfo,
     RunSpec,
     Strategy,
@@ -98,6 +99,8 @@ class IFCA(Strategy):
     """
 
     name = "ifca"
+    deploys_personal_model = True
+    prepares_clients = True
     vectorizable = Vectorizable(unless=_own_data)
     allowed_plugins = ("FineTune",)
     deploys_server_models = True  # the cluster models: not deployable from a Flower node
@@ -184,12 +187,14 @@ class IFCA(Strategy):
         payload[META] = {"facts": facts.to(per_restart.device), "losses": per_restart}
         return payload
 
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
+    def adapt(
+        self, module: nn.Module, data: ClientData, state: dict[str, Tensor], local: LocalTraining
+    ) -> None:
         """Deploy the cluster model with the lowest loss on the client's training data."""
         candidates = [self.cluster_weights(s) for s in range(self.k)]
         losses = scores(module, candidates, data)
         load_tensors(module, candidates[lowest_loss(losses)])
-        super().adapt(module, data, state, batch_size)
+        super().adapt(module, data, state, local)
 
     # --------------------------------------------------------------------------------- server side
     def aggregator(self) -> Aggregator:

@@ -52,6 +52,8 @@ class MOON(Strategy):
     """
 
     name = "moon"
+    changes_gradients = True
+    prepares_clients = True
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.api import ClientContext, Strategy, register_strategy
+from fl_lightning.api import ClientContext, LocalTraining, Strategy, register_strategy
 from fl_lightning.data.federated import ClientData
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.personalized import hessian_free_direction
@@ -59,6 +59,10 @@ class PerFedAvg(Strategy):
     """
 
     name = "per_fedavg"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
 
     def __init__(
         self, alpha: float = 0.01, variant: str = "FO", delta: float = 1e-3, server_lr: float = 1.0
@@ -113,8 +117,10 @@ class PerFedAvg(Strategy):
             p.grad = g
         optimizer.step()
 
-    def adapt(self, module: nn.Module, data: ClientData, state: dict[str, Tensor], batch_size: int) -> None:
-        super().adapt(module, data, state, batch_size)
+    def adapt(
+        self, module: nn.Module, data: ClientData, state: dict[str, Tensor], local: LocalTraining
+    ) -> None:
+        super().adapt(module, data, state, local)
         generator = torch.Generator().manual_seed(derive_seed(_ADAPT_STREAM, data.client_id))
         device = module_device(module)
         params = [p for p in module.parameters() if p.requires_grad]
@@ -122,7 +128,7 @@ class PerFedAvg(Strategy):
         was_training = module.training
         module.train()
         with torch.enable_grad(), torch.random.fork_rng(devices=cuda, device_type="cuda"):
-            batch = to_device(next(data.batches(batch_size, 1, generator)), device)
+            batch = to_device(next(data.batches(local.batch_size, 1, generator)), device)
             grads = _grads(module, params, batch)
         module.train(was_training)
         _set(params, [p.detach() - self.alpha * g for p, g in zip(params, grads)])

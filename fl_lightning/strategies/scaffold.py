@@ -110,6 +110,8 @@ class Scaffold(Strategy):
     """
 
     name = "scaffold"
+    changes_gradients = True
+    prepares_clients = True
     vectorizable = Vectorizable(scratch=(GRAD_SUM, GRAD_STEPS))  # c - c_i, the raw-gradient sum: elementwise
 
     def __init__(

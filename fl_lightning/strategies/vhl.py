@@ -56,6 +56,8 @@ class VHL(Strategy):
     """
 
     name = "vhl"
+    changes_gradients = True
+    prepares_clients = True
 
     def __init__(
         self,

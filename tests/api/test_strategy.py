@@ -10,9 +10,19 @@ import torch.nn.functional as F
 from sklearn.metrics import accuracy_score
 from torch import nn
 
-from fl_lightning.api.strategy import HOOKS, PERSONAL, STRATEGIES, Strategy, StrategyWrapper
+from fl_lightning.api.strategy import (
+    CAPABILITIES,
+    HOOKS,
+    PERSONAL,
+    STRATEGIES,
+    Strategy,
+    StrategyWrapper,
+    declaring,
+    own_local_step,
+)
 from fl_lightning.errors import ConfigError
-from fl_lightning.strategies import FedAvg, Scaffold
+from fl_lightning.strategies import FedAvg, Scaffold, get_strategy
+from fl_lightning.strategies.plugins import Median
 
 from conftest import global_weights, make_data, make_module
 
@@ -267,3 +277,84 @@ def test_vectorisation_is_one_declaration_per_class_read_along_the_wrapper_chain
     assert vector_scratch(Declares()) == (*grad_sum, "mine")
     assert vector_scratch(Median(FedSMOO())) == ("fedsmoo/last_offsets",)
     assert vector_scratch(FedNova()) == ("fednova/steps", "fednova/momentum")
+
+
+# ------------------------------------------------------------------------------ declared capabilities
+def _library_strategies() -> list[type[Strategy]]:
+    import importlib
+    import pkgutil
+
+    import fl_lightning
+
+    for info in pkgutil.walk_packages(fl_lightning.__path__, "fl_lightning."):
+        importlib.import_module(info.name)
+    found, todo = [], [Strategy]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("fl_lightning."):
+                found.append(sub)
+    return found
+
+
+def test_every_strategy_of_the_package_declares_its_capabilities():
+    """The engine reads declarations; the package's own classes never rely on the fallback."""
+    classes = _library_strategies()
+    assert len(classes) > 40 and Scaffold in classes
+    assert [(c.__name__, c.undeclared) for c in classes if c.undeclared] == []
+    assert Scaffold.changes_gradients and Scaffold.prepares_clients and not Scaffold.steps_itself
+    assert not any(getattr(FedAvg, c) for c in CAPABILITIES)
+
+
+def test_an_undeclared_override_gets_the_safe_fallback_and_says_so():
+    class MyProx(FedAvg):
+        def local_loss(self, module, ctx, batch, outputs):
+            return None
+
+    class Declared(FedAvg):
+        changes_gradients = False
+
+        def local_loss(self, module, ctx, batch, outputs):
+            return None
+
+    class Child(MyProx):
+        def local_loss(self, module, ctx, batch, outputs):
+            return None
+
+    assert MyProx.changes_gradients and MyProx.undeclared == ("changes_gradients",)
+    assert not MyProx.steps_itself and not MyProx.prepares_clients
+    assert not Declared.changes_gradients and Declared.undeclared == ()
+    assert Child.changes_gradients and Child.undeclared == ()  # inherited, declared by its parent
+    assert declaring(Median(MyProx()), "changes_gradients") == "MyProx"
+    assert declaring(Median(Declared()), "changes_gradients") is None
+
+
+def test_declaring_reads_the_wrapper_chain_outermost_first():
+    from fl_lightning.strategies import FineTune
+
+    assert declaring(FineTune(Scaffold()), "changes_gradients") == "Scaffold"
+    assert declaring(FineTune(Scaffold()), "deploys_personal_model") == "FineTune"
+    assert declaring(FedAvg(), "deploys_personal_model") is None
+    assert own_local_step(FineTune(get_strategy("Ditto"))) == "Ditto"
+    with pytest.raises(ValueError, match="unknown capability 'gradients'"):
+        declaring(FedAvg(), "gradients")
+
+
+def test_a_client_module_that_changes_a_stacked_method_is_not_stackable_unless_declared():
+    from fl_lightning.api.client import ClientModule
+
+    class Logged(ClientModule):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch, batch_idx)
+
+    class Declared(ClientModule):
+        stackable = True  # its forward is the same computation
+
+        def forward(self, x):
+            return super().forward(x)
+
+    class Plain(ClientModule):
+        def validation_step(self, batch, batch_idx):
+            return None
+
+    assert ClientModule.stackable and not Logged.stackable and Declared.stackable and Plain.stackable

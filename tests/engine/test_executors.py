@@ -204,7 +204,7 @@ def test_evaluate_merges_the_deployed_models_of_the_work_clients():
     expected = work.metrics()
     for cid in (0, 1):
         metrics = work.metrics()
-        evaluate_deployed(_net(), weights, work.strategy, work.data[cid], {}, 8, 512, metrics)
+        evaluate_deployed(_net(), weights, work.strategy, work.data[cid], {}, LocalConfig(8), metrics)
         assert per[cid] == pytest.approx(metrics.compute())
         expected.merge(metrics)
     assert merged.compute() == pytest.approx(expected.compute())

@@ -372,7 +372,7 @@ class Momentum(FedAvg):
     ("case", "reason"),
     [
         ("batchnorm", "BatchNorm1d keeps running statistics"),
-        ("client", "LoggingClient overrides training_step"),
+        ("client", "LoggingClient is not stackable"),
         ("strategy", "Momentum does not declare vectorizable local terms"),
         ("dropout", "dropout's random draws"),
         ("plugin", "StrategyWrapper does not declare vectorizable local terms"),

@@ -5,7 +5,7 @@ import torch
 from drift_helpers import assert_resume_is_identical, least_squares_module, single_client
 
 from fl_lightning.cli import main
-from fl_lightning.engine.local import LocalConfig, train_client
+from fl_lightning.engine.local import LocalConfig, local_training, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedALA, FedAvg
 
@@ -111,10 +111,10 @@ def test_the_deployed_model_is_one_more_epoch_of_ala_not_kept_and_the_global_mod
     strategy = FedALA(rand_percent=100, layer_idx=0, eta=ETA)
     worker = least_squares_module(2, lr=LR, w0=glob)
     strategy.setup(worker, 1)
-    strategy.adapt(worker, single_client(X, Y), {}, batch_size=4)
+    strategy.adapt(worker, single_client(X, Y), {}, local_training(LocalConfig(4)))
     assert torch.equal(worker.net.weight.detach(), glob)  # never trained
     state = {"fedala/local/" + W: local.clone()}  # trained once: no W yet, one epoch from ones
-    strategy.adapt(worker, single_client(X, Y), state, batch_size=4)
+    strategy.adapt(worker, single_client(X, Y), state, local_training(LocalConfig(4)))
     weights = (1 - ETA * grad(glob) * (glob - local)).clamp(0, 1)
     torch.testing.assert_close(worker.net.weight.detach(), local + (glob - local) * weights)
     assert set(state) == {"fedala/local/" + W}

@@ -6,7 +6,7 @@ from drift_helpers import LeastSquares, single_client
 from personal_helpers import record_payloads
 from torch import nn
 
-from fl_lightning.engine.local import LocalConfig, train_client
+from fl_lightning.engine.local import LocalConfig, local_training, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import FedBABU
 
@@ -57,7 +57,7 @@ def test_the_head_is_never_sent_nor_changed_and_evaluation_fine_tunes(fit):
     for epochs in (0, 1):
         worker = module.worker
         worker.load_state_dict(module.client.state_dict())
-        FedBABU(finetune_epochs=epochs).adapt(worker, client, {}, 8)
+        FedBABU(finetune_epochs=epochs).adapt(worker, client, {}, local_training(LocalConfig(8)))
         deployed[epochs] = {n: t.detach().clone() for n, t in worker.state_dict().items()}
     assert all(torch.equal(deployed[0][n], end[n]) for n in end)
     assert any(not torch.equal(deployed[1][n], end[n]) for n in head)  # the head fine-tunes too

@@ -4,7 +4,7 @@ import pytest
 import torch
 from drift_helpers import least_squares_module, single_client
 
-from fl_lightning.engine.local import LocalConfig, train_client
+from fl_lightning.engine.local import LocalConfig, local_training, train_client
 from fl_lightning.errors import ConfigError
 from fl_lightning.strategies import PerFedAvg
 
@@ -62,7 +62,7 @@ def test_hf_differs_from_fo():
 def test_the_deployed_model_is_one_step_of_size_alpha():
     worker = least_squares_module(2, lr=0.1, w0=torch.tensor([1.0, -1.0], dtype=torch.float64))
     w = worker.net.weight.detach().clone()
-    PerFedAvg(alpha=0.3).adapt(worker, single_client(X, Y), {}, batch_size=3)
+    PerFedAvg(alpha=0.3).adapt(worker, single_client(X, Y), {}, local_training(LocalConfig(3)))
     torch.testing.assert_close(worker.net.weight.detach(), w - 0.3 * grad(w))
 
 

@@ -82,6 +82,11 @@ class MoreauEnvelope(Strategy):
         beta: Server mixing ``beta > 0`` (1: plain weighted average; > 1 extrapolates).
     """
 
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
+
     def __init__(
         self,
         lam: float = 15.0,

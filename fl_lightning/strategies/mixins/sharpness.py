@@ -96,6 +96,9 @@ class SharpnessAware:
 
     rho: float
     clip_norm: float | None
+    #: Declared capabilities (:data:`fl_lightning.api.strategy.CAPABILITIES`), read through the strategy.
+    steps_itself = True
+    changes_gradients = True
 
     # ------------------------------------------------------------------------ hooks for subclasses
     def ascent_direction(

@@ -75,6 +75,7 @@ class FastSlow(StrategyWrapper):
     """
 
     name = "fast_slow"
+    prepares_clients = True
     #: Only the upload is thinned; unless clients cache the slow entries (their messages and cached state
     #: then differ per client).
     vectorizable = Vectorizable(

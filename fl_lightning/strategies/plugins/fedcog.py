@@ -99,6 +99,8 @@ class FedCOG(StrategyWrapper):
     """
 
     name = "fedcog"
+    changes_gradients = True
+    prepares_clients = True
     #: Never: each client generates its own inputs (from its data and previous model) before its steps.
     vectorizable = Vectorizable(
         unless=lambda strategy, module: (

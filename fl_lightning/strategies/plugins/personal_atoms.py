@@ -53,6 +53,10 @@ class PersonalAtoms(StrategyWrapper):
     """
 
     name = "personal_atoms"
+    steps_itself = True
+    changes_gradients = True
+    deploys_personal_model = True
+    prepares_clients = True
     #: As its base, unless the model has atoms: the local atoms train by a forward of their own in
     #: ``local_step``.
     vectorizable = Vectorizable(
