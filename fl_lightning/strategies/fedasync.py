@@ -38,8 +38,6 @@ class FedAsync(Proximal, AsyncStrategy):
     """
 
     name = "fedasync"
-    changes_gradients = True
-    prepares_clients = True
     vectorizable = True  # the proximal term sums over stacked clients, as FedProx's
 
     def __init__(

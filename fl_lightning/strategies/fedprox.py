@@ -31,6 +31,8 @@ class Proximal:
 
     #: The coefficient ``c >= 0`` of the term, which the subclass names (a property returning it).
     proximal_coefficient: float
+    changes_gradients = True  # the term's gradient joins the loss's (declared capabilities: api.strategy)
+    prepares_clients = True  # the received weights kept at the client's start
 
     def on_client_start(self, module: nn.Module, ctx: ClientContext) -> None:
         """Keep the trainable parameters and the received weights they are pulled towards (once per client;
@@ -64,8 +66,6 @@ class FedProx(Proximal, Strategy):
     """
 
     name = "fedprox"
-    changes_gradients = True
-    prepares_clients = True
     vectorizable = True  # the proximal term sums over stacked clients
 
     def __init__(self, mu: float = 0.01, server_lr: float = 1.0) -> None:
