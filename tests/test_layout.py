@@ -126,10 +126,7 @@ def test_the_package_imports_only_downwards():
 
 
 #: Circles between files of one package still to remove, each with who removes it.
-KNOWN_CIRCLES = [
-    # the datasets branch (issue 40, datasets as classes) removes it
-    ["fl_lightning.data.flair", "fl_lightning.data.partition"],
-]
+KNOWN_CIRCLES: list[list[str]] = []  # none left (issue 40)
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
