@@ -19,9 +19,9 @@ from fl_lightning.strategies import FedAvg, Strategy
 torch.set_num_threads(1)
 
 
-#: Under pytest-xdist (``python -m pytest -n auto``, the README's command) the tests of this group run on
-#: one worker, one after the other: they start Ray or a SuperLink with SuperNodes (several processes each,
-#: minutes of wall time), so two of them at once would only share the cores and ports.
+#: With ``--dist loadgroup`` (the README's ``python -m pytest -n auto --dist loadgroup``) the tests of this
+#: group run on one worker, one after the other: they start Ray or a SuperLink with SuperNodes (several
+#: processes each, minutes of wall time), so two of them at once would only share the cores and ports.
 FLOWER_PROCESSES = "flower_processes"
 #: Test files whose ``slow`` tests take longest (``python -m pytest --durations=40``), started right after
 #: that group so that no long test starts last and keeps one worker busy while the others are done.
@@ -31,13 +31,6 @@ LONGEST = (
     "tests/strategies/test_cfl.py",
     "tests/engine/test_distributed.py",
 )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """With ``-n`` and xdist's default ``--dist load``, schedule by ``xdist_group`` (``loadgroup``): each
-    test on its own except a group's, which go to one worker (another ``--dist`` is kept as given)."""
-    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "load":
-        config.option.dist = "loadgroup"
 
 
 def _run_order(item: pytest.Item) -> int:
