@@ -2,7 +2,7 @@
 
     python benchmarks/flower.py                          # recipes/flower's MLP, 10 clients, 6 rounds
     python benchmarks/flower.py --rounds 10 --local-steps 20 --per-round
-    python benchmarks/flower.py --only b,c               # a subset of the three runs
+    python benchmarks/flower.py --only b,c --pairs 3     # a subset of the three runs, 3 pairs of (b), (c)
 
 One config (``recipes/flower/fedavg_digits_mlp.yaml`` with ``--data.num_clients``,
 ``--trainer.max_steps`` and ``--model.local_steps`` from the arguments) is timed three ways, each in a
@@ -27,8 +27,12 @@ summary, hyperparameters), and in Flower's simulation a round's messages wait on
 (the grid's replies, the simulation's message queue), so small rounds come in steps of about 0.1 s:
 "steady" is the median of rounds 2..R (the mean is printed beside it). Printed: steady seconds per
 round, round 1, startup, total wall time, and the ratios (b)/(c) (our part of a Flower round; target <=
-1.2x) and (b)/(a). Timings are wall-clock on whatever else the machine runs: compare the ratios of one
-run.
+1.2x) and (b)/(a). Timings are wall-clock on whatever else the machine runs: compare ratios, not seconds.
+
+Because of that quantisation (and of whatever else runs), one run of (b) against one of (c) decides
+little: (b) and (c) run ``--pairs`` times (default 5), alternating (b c, c b, b c, ...), each pair's
+ratios are printed, and the MEDIAN of the pairs' ratios (steady round, start-up, total) is the result;
+(a) runs once.
 """
 
 from __future__ import annotations
@@ -621,7 +625,10 @@ def measure(key: str, args: argparse.Namespace, data: Path) -> dict[str, Any]:
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
         }
         start = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"run {key} took over --timeout={args.timeout:g} s") from None
         total = time.perf_counter() - start
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"run {key} failed:\n{proc.stderr[-3000:]}")
@@ -652,12 +659,22 @@ def _print_row(key: str, r: dict[str, Any], per_round: bool) -> None:
         print("      rounds: " + " ".join(f"{t:.3f}" for t in r["rounds"]), flush=True)
 
 
+def _median_ratio(pairs: list[dict[str, dict[str, Any]]], key: str) -> float:
+    return statistics.median(p["b"][key] / p["c"][key] for p in pairs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--only", default="a,b,c", help="comma-separated subset of a (fit), b (ours), c (bare)")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=5,
+        help="runs of (b) and (c), alternating (b c, c b, b c, ...); the ratios' medians are reported",
+    )
     p.add_argument("--per-round", action="store_true", help="also print every round's seconds")
     p.add_argument(
         "--deployment",
@@ -666,7 +683,7 @@ def main() -> None:
     )
     p.add_argument("--modes", default="process,subprocess", help=f"deployment modes: {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=1, help="deployment runs per app and mode (fastest kept)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a deployed run may take")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take")
     p.add_argument("--_run", choices=list(RUNS), help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     p.add_argument("--_data", help=argparse.SUPPRESS)
@@ -677,33 +694,64 @@ def main() -> None:
         return
     if args.rounds < 2:
         p.error("--rounds must be >= 2 (round 1 includes the actors' start-up)")
+    if args.pairs < 1:
+        p.error("--pairs must be >= 1")
     if args.deployment:
         deployment(args)
         return
+    only = [k for k in args.only.split(",") if k]
+    flower = [k for k in ("b", "c") if k in only]
     print(
-        f"{RECIPE.name}: {args.clients} clients, {args.rounds} rounds, {args.local_steps} local steps "
-        f"(seconds; steady = median of rounds 2..{args.rounds})"
+        f"{RECIPE.name}: {args.clients} clients, {args.rounds} rounds, {args.local_steps} local steps, "
+        f"{args.pairs} pair(s) of (b) and (c) alternating (seconds; steady = median of rounds "
+        f"2..{args.rounds}); load average {_loadavg()}"
     )
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to 0"
-    res = {}
+    pairs: list[dict[str, dict[str, Any]]] = []
+    fit = None
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "federation.pt"
         export_federation(args, data)  # the bare app's partition and initial weights, not timed
-        for key in args.only.split(","):
-            res[key] = measure(key, args, data)
-            _print_row(key, res[key], args.per_round)
-    if "b" in res and "c" in res:
-        b, c = res["b"], res["c"]
-        print(f"(b)/(c), steady round: {b['steady'] / c['steady']:.2f}x  (target <= 1.2x)")
-        print(f"(b)/(c), round 1:      {b['first'] / c['first']:.2f}x")
-        print(f"(b)/(c), startup:      {b['startup'] / c['startup']:.2f}x (to round 1's start)")
-        ratio = b["to_round1_end"] / c["to_round1_end"]
-        print(f"(b)/(c), start-up:     {ratio:.2f}x (to the end of round 1: the actors' start included)")
-        print(f"(b)/(c), total:        {b['total'] / c['total']:.2f}x")
-    if "b" in res and "a" in res:
-        b, a = res["b"], res["a"]
-        print(f"(b)/(a), steady round: {b['steady'] / a['steady']:.2f}x")
-        print(f"(b)/(a), total:        {b['total'] / a['total']:.2f}x")
+        if "a" in only:
+            fit = measure("a", args, data)
+            _print_row("a", fit, args.per_round)
+        for i in range(args.pairs if flower else 0):
+            pair: dict[str, dict[str, Any]] = {}
+            try:
+                for key in flower if i % 2 == 0 else flower[::-1]:  # b c, c b, ...: drift hits both alike
+                    pair[key] = measure(key, args, data)
+                    _print_row(key, pair[key], args.per_round)
+            except RuntimeError as err:  # e.g. Ray's raylet died on a busy machine: that pair is left out
+                print(f"  pair {i + 1} left out: {str(err).splitlines()[0]}", flush=True)
+                continue
+            pairs.append(pair)
+            if len(pair) == 2:
+                b, c = pair["b"], pair["c"]
+                print(
+                    f"  pair {i + 1}: (b)/(c) steady round {b['steady'] / c['steady']:.2f}x, start-up "
+                    f"(to the end of round 1) {b['to_round1_end'] / c['to_round1_end']:.2f}x, total "
+                    f"{b['total'] / c['total']:.2f}x; load average {_loadavg()}",
+                    flush=True,
+                )
+    if len(flower) == 2 and pairs:
+        steady = [pr["b"]["steady"] / pr["c"]["steady"] for pr in pairs]
+        print(
+            f"(b)/(c), steady round: median {_median_ratio(pairs, 'steady'):.2f}x of "
+            f"{' '.join(f'{r:.2f}' for r in steady)}  (target <= 1.2x)"
+        )
+        print(f"(b)/(c), round 1:      median {_median_ratio(pairs, 'first'):.2f}x")
+        print(f"(b)/(c), startup:      median {_median_ratio(pairs, 'startup'):.2f}x (to round 1's start)")
+        print(
+            f"(b)/(c), start-up:     median {_median_ratio(pairs, 'to_round1_end'):.2f}x (to the end of "
+            "round 1: the actors' start included)"
+        )
+        print(f"(b)/(c), total:        median {_median_ratio(pairs, 'total'):.2f}x")
+    if fit is not None and "b" in flower and pairs:
+        ours = statistics.median(pr["b"]["steady"] for pr in pairs)
+        print(f"(b)/(a), steady round: {ours / fit['steady']:.2f}x (the median of (b)'s steady rounds)")
+        total = statistics.median(pr["b"]["total"] for pr in pairs)
+        print(f"(b)/(a), total:        {total / fit['total']:.2f}x")
+    print(f"load average at the end: {_loadavg()}")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,36 @@ from fl_lightning.strategies import FedAvg, Strategy
 torch.set_num_threads(1)
 
 
+#: With ``--dist loadgroup`` (the README's ``python -m pytest -n auto --dist loadgroup``) the tests of this
+#: group run on one worker, one after the other: they start Ray or a SuperLink with SuperNodes (several
+#: processes each, minutes of wall time), so two of them at once would only share the cores and ports.
+FLOWER_PROCESSES = "flower_processes"
+#: Test files whose ``slow`` tests take longest (``python -m pytest --durations=40``), started right after
+#: that group so that no long test starts last and keeps one worker busy while the others are done.
+LONGEST = (
+    "tests/sweep/test_runner.py",
+    "tests/engine/test_policies.py",
+    "tests/strategies/test_cfl.py",
+    "tests/engine/test_distributed.py",
+)
+
+
+def _run_order(item: pytest.Item) -> int:
+    """0: the Flower processes' group, 1: the longest files' slow tests, 2: other slow tests, 3: the rest."""
+    if any(m.args[:1] == (FLOWER_PROCESSES,) for m in item.iter_markers("xdist_group")):
+        return 0
+    if item.get_closest_marker("slow") is None:
+        return 3
+    return 1 if item.nodeid.split("::")[0] in LONGEST else 2
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own ordering by fixtures, which it keeps within each rank
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` (the GPU lane, ``python -m pytest -m cuda``) skip without a CUDA device."""
+    """Tests marked ``cuda`` (the GPU lane, ``python -m pytest -m cuda``) skip without a CUDA device; under
+    pytest-xdist the longest tests go first (:func:`_run_order`; a stable sort, the same on every worker,
+    whose collection is what the scheduler hands out in order)."""
+    if hasattr(config, "workerinput"):  # an xdist worker
+        items.sort(key=_run_order)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -69,6 +69,8 @@ LOCAL_STEPS = "local-steps"
 #: Key of a ``query`` answer: ``"node"`` when the node trains on its own files (``data-dir``), else
 #: ``"partition"`` (its share of the config's dataset).
 DATA_SOURCE = "data"
+#: Seconds of the first waits between two asks for replies (:class:`FlowerExecutor`'s ``poll_interval``).
+MIN_POLL = 0.005
 #: Flower's form of an exception raised by a ClientApp (``flwr-clientapp``): ``<class 'mod.Name'>:<'text'>``.
 _FLOWER_REASON = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
 
@@ -102,8 +104,10 @@ class FlowerExecutor(Executor):
             stops seeing its heartbeats).
         tolerate_failures: A client whose evaluation failed (no reply, an error) is left out of it with
             a warning; False: it stops the run (``model.tolerate_client_failures``).
-        poll_interval: Seconds between two asks for replies (Flower's ``send_and_receive`` waits 3 s
-            between them on a SuperLink).
+        poll_interval: The most seconds between two asks for replies (Flower's ``send_and_receive`` waits
+            3 s between them on a SuperLink). The wait starts shorter: a twentieth of the time waited so far,
+            at least :data:`MIN_POLL` s, so a reply that came is collected within 5% of the exchange's time
+            (a simulation's round of a few tenths of a second is not rounded up to the interval).
     """
 
     def __init__(
@@ -216,15 +220,17 @@ class FlowerExecutor(Executor):
         if push is None or pull is None:
             return list(self.grid.send_and_receive(messages, timeout=timeout))
         waiting = {i for i in push(messages) if i}
-        end = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        end = None if timeout is None else start + timeout
         replies: list[Message] = []
         while waiting:
             got = list(pull(waiting))
             replies.extend(got)
             waiting -= {m.metadata.reply_to_message_id for m in got}
-            if not waiting or (end is not None and time.monotonic() >= end):
+            now = time.monotonic()
+            if not waiting or (end is not None and now >= end):
                 break
-            time.sleep(self.poll_interval)
+            time.sleep(min(self.poll_interval, max(MIN_POLL, (now - start) / 20)))
         return replies
 
     def _send(
@@ -233,11 +239,10 @@ class FlowerExecutor(Executor):
         """Send each client its payload; its reply, or why there is none, by client id."""
         self.discover(len(work.data))
         messages = []
-        converted: dict[
-            tuple, dict
-        ] = {}  # clients sent the same tensors (e.g. the global model) share records
+        # clients sent the same tensors (e.g. the global model: a fresh view of it for each) share records
+        converted: dict[tuple, dict] = {}
         for cid, payload in payloads.items():
-            key = tuple((g, n, id(t)) for g, ts in payload.items() for n, t in ts.items())
+            key = tuple((g, n, *_memory(t)) for g, ts in payload.items() for n, t in ts.items())
             if key not in converted:
                 converted[key] = payload_to_records(payload)
             config = {"round": round, "client-id": cid}
@@ -383,6 +388,12 @@ def combine_states(template: TaskMetrics, states: list[dict[str, Tensor]]) -> di
         else:
             out[key] = torch.stack(parts).sum(0)
     return out
+
+
+def _memory(t: Tensor) -> tuple:
+    """What makes two tensors the same values here and now: their memory, layout, type and version (a
+    ``detach()`` view shares its tensor's memory and version counter; an in-place change bumps it)."""
+    return (t.device, t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
 
 
 def cid_of(message: Message) -> int:

@@ -384,3 +384,73 @@ def test_a_train_message_carries_the_local_steps_the_engine_decided():
     assert not any(
         LOCAL_STEPS in m.content.config_records[CONFIG] for m in plain.sent if m.content.config_records
     )
+
+
+def test_clients_sent_the_same_tensors_share_one_record_and_others_get_their_own():
+    """The global model goes to each client as a fresh view of the same memory (``shared_state``): it is
+    turned into Flower records once a round; a client sent other tensors (a copy, other values) gets records
+    of its own."""
+    import dataclasses
+
+    work = _work()
+
+    def message(cid):
+        weights = shared_state(work.model)
+        if cid == 2:
+            return {"weights": {n: t.clone() for n, t in weights.items()}}
+        return {"weights": {n: t + 1 for n, t in weights.items()} if cid == 3 else weights}
+
+    grid = FakeGrid(4, _train_reply)
+    list(FlowerExecutor(grid, wait_for_nodes=1).train(dataclasses.replace(work, message=message)))
+    trained = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    records = {cid_of(m): m.content.array_records["payload.weights"] for m in trained}
+    assert records[0] is records[1] and records[2] is not records[0] and records[3] is not records[0]
+    sent = {cid: records_to_payload(m.content)["weights"] for cid, m in ((cid_of(m), m) for m in trained)}
+    weights = shared_state(work.model)
+    for n, t in weights.items():
+        assert torch.equal(sent[0][n], t) and torch.equal(sent[2][n], t) and torch.equal(sent[3][n], t + 1)
+
+
+class _SlowGrid:
+    """A grid with Flower's push and pull, whose replies come after ``after`` seconds of a fake clock."""
+
+    def __init__(self, after: float, clock: list[float]) -> None:
+        self.after, self.clock, self.pulls = after, clock, 0
+
+    def push_messages(self, messages):
+        self.messages = list(messages)
+        for i, m in enumerate(self.messages):
+            m.metadata.__dict__["_message_id"] = f"m{i}"
+        return [m.metadata.message_id for m in self.messages]
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        if self.clock[0] < self.after:
+            return []
+        return [Message(RecordDict(), reply_to=m) for m in self.messages if m.metadata.message_id in ids]
+
+
+@pytest.mark.parametrize("after", [0.2, 5.0])
+def test_replies_are_asked_for_often_at_first_then_every_poll_interval(monkeypatch, after):
+    """A reply is collected within 5% of the exchange's time (at least 5 ms between two asks), and never
+    later than ``poll_interval`` after it came: a short simulated round is not rounded up to the interval."""
+    import fl_lightning.flower.executor as executor_module
+
+    clock, waits = [0.0], []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(executor_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(executor_module.time, "sleep", sleep)
+    grid = _SlowGrid(after, clock)
+    executor = FlowerExecutor(grid, wait_for_nodes=1, poll_interval=0.05)
+    message = Message(RecordDict(), dst_node_id=1, message_type=MessageType.TRAIN)
+    assert len(executor._exchange([message], timeout=None)) == 1
+    assert waits[0] == executor_module.MIN_POLL and max(waits) <= 0.05
+    assert clock[0] - after <= max(0.05 * after, executor_module.MIN_POLL) + 1e-9  # collected soon after
+    elapsed = 0.0
+    for wait in waits:
+        assert wait == pytest.approx(min(0.05, max(executor_module.MIN_POLL, elapsed / 20)))
+        elapsed += wait

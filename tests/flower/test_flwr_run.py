@@ -85,6 +85,7 @@ def _wait(condition, timeout: float) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("flower_processes")  # one worker runs the tests that start Flower's processes
 @pytest.mark.skipif(shutil.which("flwr", path=str(BIN)) is None, reason="the flwr CLI is not installed")
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc")
 def test_flwr_run_in_the_recipe_folder_runs_the_rounds(tmp_path):

@@ -45,6 +45,7 @@ TWO_CLIENTS = ["--data.num_clients=2", "--model.participation=1.0"]
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("flower_processes"),  # one worker runs them in turn (tests/conftest.py)
     pytest.mark.skipif(shutil.which("flower-superlink", path=str(BIN)) is None, reason="no Flower CLI"),
     pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc"),
 ]
