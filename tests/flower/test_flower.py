@@ -22,6 +22,8 @@ from flwr.simulation import run_simulation
 
 from fl_lightning.flower import client_app, server_app
 
+from conftest import run_folder
+
 #: Notices the simulation command printed that were not the user's to act on (Flower's and jsonargparse's
 #: deprecations, Ray's future change, Lightning's seed line from every process that builds the run).
 NOTICES = [
@@ -52,7 +54,7 @@ def test_flower_simulation_equals_fit(tmp_path, overrides):
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert [h.failed for h in out["history"]] == [0, 0, 0]
-    assert (tmp_path / "lightning_logs" / "version_0" / "summary.json").is_file()
+    assert (run_folder(tmp_path) / "summary.json").is_file()
     assert max_diff(out["weights"], fit_weights(tmp_path, overrides=overrides)) <= 1e-5
 
 
@@ -73,5 +75,5 @@ def test_the_simulation_command_prints_the_run_and_no_notices(tmp_path):
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     printed = proc.stdout + proc.stderr
-    assert "fl_lightning summary" in proc.stdout and (tmp_path / "lightning_logs" / "version_0").is_dir()
+    assert "fl_lightning summary" in proc.stdout and run_folder(tmp_path).is_dir()
     assert [n for n in NOTICES if n in printed] == []
