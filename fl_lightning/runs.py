@@ -51,6 +51,22 @@ def read_scalars(run: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags().get("scalars", [])}
 
 
+def read_texts(run: str | Path) -> dict[str, list[tuple[int, str]]]:
+    """Every TensorBoard text tag of a run folder (``cluster/assignment``, ``partition/counts``) with its
+    ``(step, text)`` pairs, in logging order (the step: rounds done, as for scalars)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    events.Reload()
+    out: dict[str, list[tuple[int, str]]] = {}
+    for tag in events.Tags().get("tensors", []):
+        if events.SummaryMetadata(tag).plugin_data.plugin_name != "text":
+            continue
+        texts = [(e.step, b"".join(e.tensor_proto.string_val).decode()) for e in events.Tensors(tag)]
+        out[tag.removesuffix("/text_summary")] = texts
+    return out
+
+
 def _csv_numbers(path: Path) -> list[dict[str, Any]]:
     """A CSV file's rows, numbers as floats and text kept (blank cells left out); empty if it is missing."""
     import csv

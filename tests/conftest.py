@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from fl_lightning.engine import Engine, EngineConfig, LocalConfig, default_execu
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.lightning.trainer import ROUND_DEFAULTS
 from fl_lightning.models import SmallCNN
+from fl_lightning.runs import run_number
 from fl_lightning.strategies import FedAvg, Strategy
 
 torch.set_num_threads(1)
@@ -94,6 +96,25 @@ def make_trainer(tmp_path, rounds: int = 2, **kw: Any) -> Trainer:
     }
     args.update(kw)
     return Trainer(**args)
+
+
+def run_folder(root: str | Path, n: int = 0) -> Path:
+    """The run folder number ``n`` under ``<root>/lightning_logs``: ``version_<n>``, or labelled
+    ``version_<n>-<label>`` (a run's ``--name``; by default its strategy and split, ``version_0-fedavg-iid``).
+
+    Fails the test unless exactly one folder has that number.
+    """
+    logs = Path(root, "lightning_logs")
+    found = [p for p in logs.iterdir() if run_number(p) == n] if logs.is_dir() else []
+    names = sorted(p.name for p in logs.iterdir()) if logs.is_dir() else []
+    assert len(found) == 1, f"run folder number {n} under {logs}: found {names}"
+    return found[0]
+
+
+def run_numbers(root: str | Path) -> list[int]:
+    """The numbers of the run folders under ``<root>/lightning_logs`` (labelled or not), sorted."""
+    logs = Path(root, "lightning_logs")
+    return sorted(n for p in logs.iterdir() if (n := run_number(p)) is not None) if logs.is_dir() else []
 
 
 def global_weights(module: FederatedModule) -> dict[str, torch.Tensor]:

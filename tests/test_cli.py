@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.cli import FederatedCLI, main
@@ -18,6 +19,8 @@ from fl_lightning.data.fashion_mnist import find_files
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.runs import latest_run, read_scalars, read_summary
+
+from conftest import run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -32,7 +35,8 @@ def test_fit_writes_tensorboard_logs_config_and_summary(tmp_path, capsys):
     run_cli(
         tmp_path, "fit", *FAST, "--model.local_steps=2", "--model.strategy=FedProx", "--model.strategy.mu=0.1"
     )
-    version = tmp_path / "lightning_logs" / "version_0"
+    version = run_folder(tmp_path)
+    assert version.name == "version_0-fedprox-dirichlet"  # labelled by default: strategy, partition
     assert list(version.glob("events.out.tfevents.*"))
     config = (version / "config.yaml").read_text()
     assert "FedProx" in config and "mu: 0.1" in config
@@ -159,21 +163,22 @@ def test_a_config_file_model_seed_must_equal_seed_everything(tmp_path, capsys):
 
 def test_validate_and_test_subcommands_from_a_checkpoint(tmp_path, capsys):
     run_cli(tmp_path, "fit", *FAST, "--model.local_steps=2")
-    ckpt = next((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    run = run_folder(tmp_path)
+    ckpt = next((run / "checkpoints").glob("*.ckpt"))
     run_cli(tmp_path, "validate", "--data.num_clients=4", f"--ckpt_path={ckpt}")
     run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={ckpt}")
     out = capsys.readouterr().out
     assert "global/acc" in out and "test/acc" in out
     # no new version_N: each evaluation is a sub-run of the checkpoint's run, at step = its rounds
-    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [run.name]
     for sub, tag in (("validate", "global/acc"), ("test", "test/acc")):
-        scalars = read_scalars(tmp_path / "lightning_logs" / "version_0" / sub)
+        scalars = read_scalars(run / sub)
         assert [step for step, _ in scalars[tag]] == [2]
         assert "epoch" not in scalars  # Lightning's `epoch` card: one epoch holds every round
     elsewhere = tmp_path / "elsewhere.ckpt"
     shutil.copy(ckpt, elsewhere)
     run_cli(tmp_path, "test", "--data.num_clients=4", f"--ckpt_path={elsewhere}")
-    assert sorted(p.name for p in (tmp_path / "lightning_logs" / "version_0").iterdir() if p.is_dir()) == [
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [
         "checkpoints",
         "test",
         "validate",
@@ -652,7 +657,7 @@ def digits_run(tmp_path_factory):
     run_cli(
         root, "fit", f"--config={ROOT / 'configs' / 'fedavg_digits.yaml'}", *FAST, "--model.local_epochs=1"
     )
-    return root / "lightning_logs" / "version_0"
+    return run_folder(root)
 
 
 @pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
@@ -726,7 +731,7 @@ def test_resuming_a_finished_run_says_how_to_extend_it(digits_run, tmp_path, cap
 
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     run_cli(tmp_path, "fit", *FAST, "--model.local_steps=1")
-    ckpt = next((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    ckpt = next((run_folder(tmp_path) / "checkpoints").glob("*.ckpt"))
     with pytest.raises(SystemExit):
         run_cli(tmp_path, "fit", "--trainer.max_steps=3", "--data.num_clients=5", f"--ckpt_path={ckpt}")
     assert (
@@ -740,14 +745,14 @@ def finished_run(tmp_path_factory):
     """A 2-round zero-config run (FAST): its log folder."""
     root = tmp_path_factory.mktemp("run")
     run_cli(root, "fit", *FAST, "--model.local_steps=1")
-    return root / "lightning_logs" / "version_0"
+    return run_folder(root)
 
 
 def test_zero_config_run_writes_last_ckpt_for_resume(finished_run, tmp_path):
     last = finished_run / "checkpoints" / "last.ckpt"
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
     assert torch.load(last, weights_only=True)["global_step"] == 2
-    run = shutil.copytree(finished_run, tmp_path / "copy" / "version_0")  # the fixture's run stays as it is
+    run = shutil.copytree(finished_run, tmp_path / "copy" / finished_run.name)  # the fixture's run stays
     ckpt = run / "checkpoints" / "last.ckpt"
     run_cli(
         tmp_path, "fit", *FAST[1:], "--model.local_steps=1", "--trainer.max_steps=3", f"--ckpt_path={ckpt}"
@@ -770,7 +775,7 @@ def test_last_ckpt_is_the_last_round_with_a_monitored_save_last_checkpoint(tmp_p
         "--trainer.callbacks.mode=max",
         "--trainer.callbacks.save_last=true",
     )
-    folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    folder = run_folder(tmp_path) / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round=1.ckpt"]
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 3
     assert "ModelCheckpoint(save_last=True) would rewrite last.ckpt only" in caplog.text
@@ -1058,7 +1063,7 @@ def test_a_checkpoint_of_fit_rebuilds_its_module_and_data_module_from_python(tmp
         "--data.partition=Pathological",
         "--data.partition.classes_per_client=3",
     )
-    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    last = run_folder(tmp_path) / "checkpoints" / "last.ckpt"
     saved = _torch.load(last, weights_only=True)
     assert saved["hyper_parameters"]["strategy"]["init_args"]["mu"] == 0.2
     model, data = FederatedModule.load_from_checkpoint(last), FederatedDataModule.load_from_checkpoint(last)
@@ -1078,19 +1083,38 @@ def test_a_checkpoint_of_fit_rebuilds_its_module_and_data_module_from_python(tmp
     assert FederatedDataModule.load_from_checkpoint(last).partition.classes_per_client == 3
 
 
-def test_a_named_run_resumes_and_is_evaluated_in_its_labelled_folder(tmp_path, capsys):
-    run_cli(tmp_path, "fit", *FAST, "--name=auto", "--model.strategy=FedAvg", "--data.partition=IID")
-    run = tmp_path / "lightning_logs" / "version_0-fedavg-iid"
+def test_a_run_is_labelled_by_default_and_resumes_and_is_evaluated_in_its_labelled_folder(tmp_path):
+    run_cli(tmp_path, "fit", *FAST, "--model.strategy=FedAvg", "--data.partition=IID")
+    run = tmp_path / "lightning_logs" / "version_0-fedavg-iid"  # no --name: the strategy and the split
     last = run / "checkpoints" / "last.ckpt"
-    run_cli(
-        tmp_path,
-        "fit",
-        *FAST,
-        "--name=auto",
-        "--data.partition=IID",
-        "--trainer.max_steps=3",
-        f"--ckpt_path={last}",
-    )
+    assert read_scalars(run)["global/acc"]  # TensorBoard's run is the labelled folder
+    run_cli(tmp_path, "fit", *FAST, "--data.partition=IID", "--trainer.max_steps=3", f"--ckpt_path={last}")
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [run.name]  # continued in place
+    assert [s for s, _ in read_scalars(run)["global/acc"]] == [1, 2, 3]  # one TensorBoard run
     main(["test", f"--ckpt_path={last}"])  # reads the run's config.yaml
     assert (run / "test").is_dir() and json.loads((run / "summary.json").read_text())["rounds"] == 3
+    assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [
+        ("--name=my-run", "version_0-my-run"),
+        ("--name=fedprox mu/0.1", "version_0-fedprox-mu-0.1"),  # made folder-safe
+        ("--name=", "version_0"),
+        ("--name=none", "version_0"),
+        ("--name=null", "version_0"),
+        (None, "version_0-scaffold-pathological-rotation-devices"),
+    ],
+)
+def test_name_labels_the_run_folder_and_an_empty_name_leaves_it_bare(tmp_path, name, folder):
+    args = [
+        f"--trainer.default_root_dir={tmp_path}",
+        "--model.strategy=Scaffold",
+        "--data.partition=Pathological",
+        "--data.client_transform=Rotation",
+        "--model.system=Devices",
+    ]
+    cli = FederatedCLI(args=[*args, *([name] if name else [])], run=False)
+    assert Path(cli.trainer.log_dir).name == folder  # claimed when first asked for
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [folder]

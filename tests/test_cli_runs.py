@@ -22,6 +22,8 @@ from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.runs import read_scalars, read_summary
 
+from conftest import run_folder
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "--trainer.enable_progress_bar=false",
@@ -89,7 +91,7 @@ def test_two_fits_started_together_get_their_own_folders(tmp_path):
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     runs = sorted((tmp_path / "lightning_logs").iterdir())
-    assert [r.name for r in runs] == ["version_0", "version_1"]
+    assert [r.name for r in runs] == ["version_0-fedavg-dirichlet", "version_1-fedavg-dirichlet"]
     seeds = set()
     for run in runs:
         assert read_summary(run)["rounds"] == 2
@@ -112,7 +114,7 @@ def resumed(tmp_path_factory):
     """A 2-round run resumed to 3 rounds from its last.ckpt, then branched from round 1 (2 rounds)."""
     root = tmp_path_factory.mktemp("resumed")
     run_cli(root, "fit", "--trainer.max_steps=2", *TINY, *EVERY_ROUND)
-    run = root / "lightning_logs" / "version_0"
+    run = run_folder(root)
     stray = SummaryWriter(str(run))  # what a run killed in round 3 logged before its last.ckpt (round 2)
     stray.add_scalar("round/clients", 999.0, 3)
     stray.close()
@@ -160,7 +162,7 @@ def test_checkpoints_are_named_by_round(resumed):
 
 
 def test_resuming_from_an_older_round_of_a_run_starts_a_new_folder(resumed):
-    run, branch = resumed["run"], resumed["root"] / "lightning_logs" / "version_1"
+    run, branch = resumed["run"], run_folder(resumed["root"], 1)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3  # kept
     assert torch.load(branch / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
     assert read_summary(branch)["rounds"] == 2 and read_summary(branch)["rounds_this_run"] == 1
@@ -168,14 +170,14 @@ def test_resuming_from_an_older_round_of_a_run_starts_a_new_folder(resumed):
 
 def test_a_refused_resume_leaves_its_run_folder_as_it_was(tmp_path, capsys):
     run_cli(tmp_path, "fit", "--trainer.max_steps=1", *TINY)
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     before = sorted(p.name for p in run.iterdir())
     other = ["--trainer.max_steps=2", "--trainer.enable_progress_bar=false", "--data.num_clients=5"]
     with pytest.raises(SystemExit):
         run_cli(tmp_path, "fit", *other, f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}")
     assert "comes from a different config: data.num_clients" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == before
-    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [run.name]
 
 
 # ------------------------------------------------------------------------------------ interrupted runs
@@ -206,7 +208,7 @@ def test_an_interrupted_run_writes_its_summary_for_the_rounds_done(
     finally:
         signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C after the first
     assert exit_info.value.code == status
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     summary = read_summary(run)
     assert summary["rounds"] == rounds and summary["interrupted"] is True
     assert summary["reason"].startswith(reason)
@@ -252,7 +254,7 @@ def test_the_hparams_tab_shows_the_config_and_the_summary_numbers(tmp_path):
         "--model.participation=0.5",
         "--data.partition=IID",
     )
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     params, metric_tags, shown = _hparams_plugin(run)
     assert params["model.strategy"] == "FedProx" and params["model.strategy.mu"] == 0.25
     assert shown[:3] == ["model.strategy", "model.strategy.mu", "model.strategy.server_lr"]  # not hidden
@@ -327,7 +329,7 @@ def test_a_run_without_a_terminal_prints_a_line_per_tenth_and_the_summary(tmp_pa
     assert "global/acc" in rounds[-1] and "clients" not in rounds[-1]
     assert len(lines) == len(rounds) + 8 and err == ""  # and the summary's eight lines (machine too)
     assert [m for m in HIDDEN if m in out + err] == []
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     run_cli(tmp_path, "validate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "--data.num_clients=4")
     out, err = console()
     assert [m for m in HIDDEN_ON_VALIDATE if m in out + err] == [] and "global/acc" in out
@@ -337,7 +339,7 @@ def test_evaluating_a_run_from_the_command_line_gives_no_cli_warning(tmp_path, c
     """``validate`` of a run's checkpoint reads the run's config into the arguments it parses, while
     ``sys.argv`` holds the command: LightningCLI warned about "args" and "sys.argv" both given."""
     run_cli(tmp_path, "fit", "--trainer.max_steps=1", *TINY)
-    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt = run_folder(tmp_path) / "checkpoints" / "last.ckpt"
     console()
     root = f"--trainer.default_root_dir={tmp_path}"
     argv = ["validate", f"--ckpt_path={ckpt}", "--data.num_clients=4", root]
@@ -356,7 +358,7 @@ def test_verbose_brings_back_lightnings_messages_and_a_line_per_round(tmp_path, 
     assert [m for m in expected if m not in out + err] == []
     rounds = [line.split(":")[0] for line in out.splitlines() if line.startswith("round ")]
     assert rounds == ["round 1/3", "round 2/3", "round 3/3"]
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     ckpt = f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
     run_cli(tmp_path, "validate", "--verbose", ckpt, "--data.num_clients=4")
     out, err = console()
@@ -379,9 +381,7 @@ def test_the_zero_config_run_without_a_terminal_prints_a_few_lines(tmp_path):
     assert len(lines) <= 20, lines  # ten progress lines and the summary
     assert [m for m in HIDDEN if m in proc.stdout + proc.stderr] == []
     assert lines[-8] == "fl_lightning summary" and proc.stderr == ""
-    assert (
-        json.loads((tmp_path / "lightning_logs" / "version_0" / "summary.json").read_text())["rounds"] == 40
-    )
+    assert json.loads((run_folder(tmp_path) / "summary.json").read_text())["rounds"] == 40
 
 
 def test_a_summary_callback_in_the_config_replaces_the_default_one():

@@ -19,9 +19,10 @@ from fl_lightning.callbacks import FederatedSummary
 from fl_lightning.cli import main
 from fl_lightning.data import FederatedDataModule
 from fl_lightning.data.datasets import Synthetic
+from fl_lightning.runs import run_number
 from fl_lightning.strategies import Strategy, get_strategy, list_strategies
 
-from conftest import global_weights, make_data, make_module, make_trainer
+from conftest import global_weights, make_data, make_module, make_trainer, run_folder
 
 cuda = pytest.mark.cuda
 # Small generated data shaped like the embedded digits, which the default and test models take.
@@ -37,7 +38,9 @@ def run_cli(tmp_path: Path, *args: str) -> None:
 
 
 def summaries(tmp_path: Path) -> list[dict[str, Any]]:
-    files = sorted((tmp_path / "lightning_logs").glob("version_*/summary.json"), key=lambda p: p.parent.name)
+    files = sorted(
+        (tmp_path / "lightning_logs").glob("version_*/summary.json"), key=lambda p: run_number(p.parent) or 0
+    )
     return [json.loads(p.read_text()) for p in files]
 
 
@@ -47,7 +50,7 @@ def cli_subcommands(tmp_path: Path, accelerator: str) -> None:
     device = [f"--trainer.accelerator={accelerator}", "--trainer.devices=1"]
     run_cli(tmp_path, "fit", *SYNTHETIC, *device, "--trainer.max_steps=2", "--model.local_steps=2")
     assert summaries(tmp_path)[0]["rounds"] == 2
-    ckpt = next((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    ckpt = next((run_folder(tmp_path) / "checkpoints").glob("*.ckpt"))
     run_cli(tmp_path, "validate", *SYNTHETIC, *device, f"--ckpt_path={ckpt}")
     run_cli(tmp_path, "test", *SYNTHETIC, *device, f"--ckpt_path={ckpt}")
     run_cli(
@@ -67,7 +70,7 @@ def checkpoint_moves_between_devices(tmp_path: Path, first: str, second: str) ->
     """A checkpoint written on ``first`` resumes on ``second`` (client states included)."""
     run_cli(tmp_path, "fit", *SYNTHETIC, f"--trainer.accelerator={first}", "--trainer.max_steps=2",
             "--model.local_steps=2", "--model.strategy=Scaffold")  # fmt: skip
-    ckpt = next((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    ckpt = next((run_folder(tmp_path) / "checkpoints").glob("*.ckpt"))
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)
     states = saved["fl_lightning"]["client_state"]
     assert states and all(t.device.type == "cpu" for s in states.values() for t in s.values())  # host

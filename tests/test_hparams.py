@@ -47,7 +47,7 @@ def test_modules_follow_the_last_seed_everything_unless_given_one():
 
 
 def test_a_checkpoint_without_saved_arguments_takes_its_run_folders_config(tmp_path):
-    run = tmp_path / "version_0"
+    run = tmp_path / "version_0-fedavg-iid"  # a labelled run folder
     (run / "checkpoints").mkdir(parents=True)
     config = {"seed_everything": 5, "model": {"local_steps": 3}, "data": {"seed": None, "num_clients": 4}}
     (run / "config.yaml").write_text(yaml.safe_dump(config))

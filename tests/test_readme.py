@@ -2,9 +2,9 @@
 
 Every command line of the "Setup" and "Quickstart" blocks runs as written (at tiny sizes): the commands
 are read from README.md, so a reader copying them in order into a fresh checkout gets working commands,
-with the run folders (``version_0``, ``version_1``, ...) they name. The "From Python" example runs as
-written, in an empty folder, its resume by ``load_from_checkpoint`` continuing the same run folder. The
-"Writing a strategy" example runs.
+with the run folders (``version_0-fedavg-dirichlet``, ``version_1-fedavg-dirichlet``, ...) they name. The
+"From Python" example runs as written, in an empty folder, its resume by ``load_from_checkpoint``
+continuing the same run folder. The "Writing a strategy" example runs.
 The "Layout" block names every module of the package and every top-level folder, and nothing else.
 """
 
@@ -97,8 +97,14 @@ def test_every_setup_and_quickstart_command_runs(tmp_path, monkeypatch):
     for command in readme_commands("Setup") + readme_commands("Quickstart"):
         run(command, tmp_path)
     runs = tmp_path / "lightning_logs"
-    assert (runs / "version_0" / "summary.json").exists()  # the Setup's run
-    recipe = runs / "version_1"  # the Quickstart's recipe run, evaluated by validate/test/predict
+    assert (runs / "version_0-fedavg-dirichlet" / "summary.json").exists()  # the Setup's run
+    recipe = runs / "version_1-fedavg-dirichlet"  # the Quickstart's recipe run, evaluated and resumed
+    assert sorted(p.name for p in runs.glob("version_*")) == [
+        "version_0-fedavg-dirichlet",
+        recipe.name,
+        "version_2-fedprox-dirichlet",
+        "version_3-my-run",
+    ]
     assert "val_fraction: 0.1" in (recipe / "config.yaml").read_text()
     assert {"validate", "test", "predict"} <= {p.name for p in recipe.iterdir()}
     rows = (recipe / "predict" / "predictions.csv").read_text().splitlines()
@@ -217,14 +223,15 @@ def test_the_from_python_example_runs_as_written_in_an_empty_folder(tmp_path, mo
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out.splitlines()
     runs = tmp_path / "lightning_logs"
-    assert sorted(p.name for p in runs.iterdir()) == ["version_0"]  # the resume continued its folder
-    summary = read_summary(runs / "version_0")
+    run = runs / "version_0-fedprox-dirichlet"  # labelled by the module's strategy and the data's split
+    assert sorted(p.name for p in runs.iterdir()) == [run.name]  # the resume continued its folder
+    summary = read_summary(run)
     assert (summary["rounds"], summary["rounds_this_run"]) == (10, 5)
     printed = [line for line in out if not line.startswith((" ", "round ", "fl_lightning summary"))]
     assert re.fullmatch(r"final 0\.\d{3}, best 0\.\d{3}", printed[0])
     best = re.fullmatch(r"best round (\d+): (.*round=\1\.ckpt)", printed[1])
-    assert best and Path(best.group(2)).parent == runs / "version_0" / "checkpoints"
+    assert best and Path(best.group(2)).parent == run / "checkpoints"
     assert printed[2:] == ["rounds 10"]
     assert out.count("fl_lightning summary") == 2  # each run's summary, printed without console()
-    assert (runs / "version_0" / "checkpoints" / "last.ckpt").exists()
+    assert (run / "checkpoints" / "last.ckpt").exists()
     assert _checkout_status() == before  # nothing written into the checkout

@@ -23,6 +23,7 @@ there, never a client failure). A round of the :class:`~fl_lightning.engine.roun
             <server optimizer step>                       SGD(lr) = FedAvg; momentum, Adam = FedOpt
             on_after_server_step(model, means, info)
             round_metrics()                               -> scalars logged per round (privacy/epsilon)
+            cluster_ids()                                 -> each client's cluster (IFCA, CFL), or None
             stop_reason(round + 1)                        -> non-empty: fit ends before that round
 
 Evaluation of the clients' deployed models (``FederatedModule.evaluate_clients``, every client, or a
@@ -409,6 +410,17 @@ class Strategy(nn.Module):
         """
         return {}
 
+    def cluster_ids(self) -> dict[int, int] | None:
+        """Each client's cluster now, ``{client id: cluster}``, for a clustered strategy (IFCA: the cluster
+        a client last chose to train; CFL: the cluster it belongs to); None (the default) for a strategy
+        without clusters.
+
+        Read after every round (the TensorBoard text ``cluster/assignment``) and at the end of fit (the
+        ``cluster`` column of ``clients.csv``); a client not in the dict has no cluster yet (never trained).
+        Must be the same on every process.
+        """
+        return None
+
     def stop_reason(self, round: int) -> str:
         """Why ``round`` (0-based) must not run, e.g. DP's spent privacy budget; ``""`` lets it run.
 
@@ -447,6 +459,7 @@ HOOKS = (
     "server_update",
     "on_after_server_step",
     "round_metrics",
+    "cluster_ids",
     "stop_reason",
 )
 

@@ -239,9 +239,10 @@ def clients_table(
     personal_per: Mapping[int, Mapping[str, float]] | None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """``clients.csv``'s header and rows: per client its data (training and test samples, labels present),
-    its heterogeneity (transform group, noise std, device speed where they apply), whether it was held out
-    (``unseen``), its participation (:func:`ledger`) and the final metric of the global model and of the
-    deployed (personalised) one.
+    its heterogeneity (transform group, noise std, device speed where they apply), its final cluster under a
+    clustered strategy (``cluster``: ``Strategy.cluster_ids``; empty otherwise, or for a client never
+    assigned), whether it was held out (``unseen``), its participation (:func:`ledger`) and the final metric
+    of the global model and of the deployed (personalised) one.
 
     Args:
         module: The finished :class:`~fl_lightning.lightning.module.FederatedModule` (duck-typed: its
@@ -254,6 +255,8 @@ def clients_table(
     system = engine.system
     speeds = getattr(getattr(system, "devices", None), "speed", None) if system is not None else None
     counts = ledger(rows, len(clients))
+    strategy = getattr(engine, "strategy", None)
+    clusters = strategy.cluster_ids() if strategy is not None else None
     header = ["client", "samples", "test_samples", "labels"]
     grouped = transform is not None and transform.num_groups < len(clients)
     noisy = transform is not None and callable(getattr(transform, "std", None))
@@ -261,7 +264,7 @@ def clients_table(
     header += ["noise_std"] if noisy else []
     header += ["transform"] if transform is not None else []
     header += ["speed"] if speeds is not None else []
-    header += ["unseen", *FATES, f"global_{metric}"]
+    header += ["cluster", "unseen", *FATES, f"global_{metric}"]
     header += [f"personal_{metric}"] if personal_per is not None else []
     out = []
     for c in clients:
@@ -273,6 +276,7 @@ def clients_table(
             "samples": c.num_samples,
             "test_samples": int(c.test_idx.numel()),
             "labels": present,
+            "cluster": "" if clusters is None else clusters.get(cid, ""),
             "unseen": int(cid in engine.unseen),
             **counts[cid],
             f"global_{metric}": global_per.get(cid, {}).get(metric, ""),
@@ -289,6 +293,18 @@ def clients_table(
             row[f"personal_{metric}"] = personal_per.get(cid, {}).get(metric, "")
         out.append(row)
     return header, out
+
+
+def cluster_text(round: int, clusters: Mapping[int, int]) -> str:
+    """A clustered strategy's assignment after ``round`` (rounds done) in words, for TensorBoard's text tab:
+    ``round 3: cluster 0: clients 0, 2, 5; cluster 1: clients 1, 3``."""
+    members: dict[int, list[int]] = {}
+    for client, cluster in sorted(clusters.items()):
+        members.setdefault(int(cluster), []).append(int(client))
+    if not members:
+        return f"round {round}: no client assigned yet"
+    parts = [f"cluster {k}: clients {', '.join(map(str, ids))}" for k, ids in sorted(members.items())]
+    return f"round {round}: " + "; ".join(parts)
 
 
 def group_fields(rows: Sequence[RoundRow], metric: str) -> dict[str, Any]:
@@ -316,6 +332,7 @@ __all__ = [
     "RoundRow",
     "client_mean",
     "clients_table",
+    "cluster_text",
     "curves",
     "group_fields",
     "ledger",

@@ -50,8 +50,8 @@ SUBCOMMANDS = {
 
 #: What a federated run makes of the Trainer flags whose defaults it sets, and of the subcommands' own.
 FEDERATED_HELP = {
-    "ckpt_path": "A checkpoint written by fit (e.g. lightning_logs/version_0/checkpoints/last.ckpt): fit "
-    "resumes it, validate/test/predict evaluate it with its run's config.yaml.",
+    "ckpt_path": "A checkpoint written by fit (e.g. lightning_logs/version_0-fedavg-dirichlet/checkpoints/"
+    "last.ckpt): fit resumes it, validate/test/predict evaluate it with its run's config.yaml.",
     "weights_only": "Checkpoints are loaded with torch.load(weights_only=True) unless this is false (for "
     "checkpoints you trust only: it runs code from the file).",
     "trainer.max_steps": "Rounds to run (one training step is one federated round); a run resumed with "

@@ -30,7 +30,7 @@ from fl_lightning.config.parser import FederatedArgumentParser
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.console import quiet
-from fl_lightning.lightning.loggers import run_label
+from fl_lightning.lightning.loggers import folder_label, run_label
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.lightning.trainer import DEFAULT_ROUNDS, ROUND_DEFAULTS, round_trainer
 
@@ -114,10 +114,10 @@ class RunBuilder(LightningCLI):
         parser.add_argument(
             "--name",
             type=str | None,
-            default=None,
+            default="auto",
             help="A label of the run folder, lightning_logs/version_N-<name> (TensorBoard's run name too); "
-            "auto: the strategy, partition, client transform and system model "
-            "(version_3-fedbuff-dirichlet-devices); null: version_N.",
+            "auto (the default): the strategy, partition, client transform and system model "
+            "(version_3-fedbuff-dirichlet-devices); null, '' or none: a bare version_N.",
         )
         for action in parser._actions:  # argparse has no public API to edit an action's help
             if action.dest == "seed_everything":
@@ -167,7 +167,7 @@ class RunBuilder(LightningCLI):
         config["callbacks"] = given
         hparams = flatten_config(run_config.as_dict() if hasattr(run_config, "as_dict") else dict(run_config))
         self._trainer_config = dict(config)
-        name = run_config.get("name")
+        name = folder_label(run_config.get("name"))
         if name == "auto":
             name = run_label(getattr(self, "model", None), getattr(self, "datamodule", None))
         try:

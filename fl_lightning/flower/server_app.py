@@ -4,8 +4,9 @@ The ServerApp builds the run exactly as ``python -m fl_lightning fit --config <c
 ``FederatedModule``, data, callbacks, logger) and fits it; the only difference is where the clients' local
 work runs: :class:`~fl_lightning.flower.executor.FlowerExecutor` sends it through the ServerApp's grid.
 So every policy of a round (sampling, attack, failure tolerance, ``max_failed_rounds``, a DP budget's
-stop, resume with ``ckpt_path``) is the engine's, and the run writes the same ``lightning_logs/version_N``
-(TensorBoard tags, ``checkpoints/last.ckpt``, ``summary.json``) as ``fit``.
+stop, resume with ``ckpt_path``) is the engine's, and the run writes the same
+``lightning_logs/version_N-<label>`` (TensorBoard tags, ``checkpoints/last.ckpt``, ``summary.json``) as
+``fit``.
 """
 
 from __future__ import annotations

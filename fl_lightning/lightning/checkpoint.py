@@ -50,7 +50,10 @@ def _is_local(path: PathLike) -> bool:
 #: Name of a checkpoint's temporary file while it is written: ``.<name>.tmp-<pid>``.
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
-_CKPT_FIX = "give a .ckpt file written by `fit` (e.g. lightning_logs/version_0/checkpoints/last.ckpt)"
+_CKPT_FIX = (
+    "give a .ckpt file written by `fit` "
+    "(e.g. lightning_logs/version_0-fedavg-dirichlet/checkpoints/last.ckpt)"
+)
 
 #: Constructor arguments that change how a run is executed or evaluated, not what it trains.
 _NOT_TRAINING = frozenset(

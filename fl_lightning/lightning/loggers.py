@@ -2,7 +2,9 @@
 
 - :func:`claim_version` / :func:`claim_version_on_first_use`: a TensorBoard or CSV logger without a
   ``version`` gets its ``version_N`` folder created atomically (``os.mkdir``) when it first needs it, so
-  runs started together in one folder never share one.
+  runs started together in one folder never share one; a run's ``name`` labels it ``version_N-<label>``
+  (:func:`folder_label`; ``auto``, the default, is :func:`run_label`:
+  ``version_3-fedbuff-dirichlet-devices``).
 - :func:`resumed_run` / :func:`continue_run`: a ``fit`` from a run's newest checkpoint continues in that
   run's folder (the command line and :class:`~fl_lightning.lightning.trainer.FederatedTrainer` alike);
 - :class:`RoundStepLogger`: ``validate``/``test`` of a checkpoint log at the checkpoint's rounds.
@@ -109,6 +111,18 @@ def run_label(module: Any, datamodule: Any) -> str:
         (getattr(p, "_lazy_class_type", None) or type(p)).__name__.lower() for p in parts if p is not None
     ]
     return "-".join(names)
+
+
+#: ``name`` values that ask for a bare ``version_N`` folder (no label).
+NO_LABEL = ("", "none", "null")
+
+
+def folder_label(name: str | None) -> str | None:
+    """The label a run's ``name`` asks for: None (a bare ``version_N``) for None, ``""``, ``none`` or
+    ``null``; else ``name`` as given (``"auto"``: :func:`run_label`, once the module and data are known)."""
+    if name is None or name.strip().lower() in NO_LABEL:
+        return None
+    return name
 
 
 def as_label(name: str) -> str:

@@ -21,7 +21,7 @@ from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import Strategy, declaring
 from fl_lightning.api.types import ClientResult, RoundResult
 from fl_lightning.callbacks.base import FederatedCallback
-from fl_lightning.callbacks.results import spread_scalars
+from fl_lightning.callbacks.results import cluster_text, spread_scalars
 from fl_lightning.data.datasets import is_synthetic
 from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
@@ -423,6 +423,7 @@ class FederatedModule(LightningModule):
             if k != "num_samples"
         }
         self._log_direct(per_client, step=record.round + 1)
+        self._log_clusters(record.round + 1)
         self._log_step()
 
     def _log_step(self) -> None:
@@ -628,6 +629,17 @@ class FederatedModule(LightningModule):
                 logger.experiment.add_text("partition/counts", counts_markdown(dm.counts), 0)
                 if dm.client_transform is not None:
                     logger.experiment.add_text("partition/client_transform", dm.client_transform.card(), 0)
+
+    @rank_zero_only
+    def _log_clusters(self, step: int) -> None:
+        """A clustered strategy's assignment after the round (:meth:`Strategy.cluster_ids`) as the
+        TensorBoard text ``cluster/assignment`` at step = rounds done (:func:`cluster_text`)."""
+        clusters = self.strategy.cluster_ids()
+        if clusters is None:
+            return
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text("cluster/assignment", cluster_text(step, clusters), step)
 
     # ------------------------------------------------------------------------------ checkpoint
     def fingerprint(self) -> dict[str, Any]:

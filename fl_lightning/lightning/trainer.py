@@ -31,7 +31,13 @@ from fl_lightning.callbacks import FederatedProgressBar, FederatedSummary
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.console import printing
-from fl_lightning.lightning.loggers import claim_version_on_first_use, continue_run, resumed_run, run_label
+from fl_lightning.lightning.loggers import (
+    claim_version_on_first_use,
+    continue_run,
+    folder_label,
+    resumed_run,
+    run_label,
+)
 
 log = logging.getLogger("fl_lightning")
 
@@ -100,7 +106,7 @@ def federated_trainer(
     logger: Logger | Iterable[Logger] | bool | None = None,
     plugins: Any = None,
     default_root_dir: str | os.PathLike | None = None,
-    name: str | None = None,
+    name: str | None = "auto",
     **trainer_kwargs: Any,
 ) -> FederatedTrainer:
     """A Lightning ``Trainer`` whose unit of progress is a federated round.
@@ -119,10 +125,10 @@ def federated_trainer(
     - the plugin :class:`~fl_lightning.lightning.checkpoint.AtomicCheckpointIO` (checkpoints written
       atomically, loaded with ``weights_only=True``), unless a ``CheckpointIO`` is given;
     - the run folder: without a logger (``None`` or ``True``), TensorBoard in
-      ``<default_root_dir>/lightning_logs/version_N``; that folder, and that of any TensorBoard/CSV logger
-      given without a version, is created atomically when the run first logs, so runs started together in
-      one folder get their own; a ``fit`` resumed from a run's ``last.ckpt`` continues in that run's folder
-      (:class:`FederatedTrainer`).
+      ``<default_root_dir>/lightning_logs/version_N-<label>`` (``name``); that folder, and that of any
+      TensorBoard/CSV logger given without a version, is created atomically when the run first logs, so runs
+      started together in one folder get their own; a ``fit`` resumed from a run's ``last.ckpt`` continues
+      in that run's folder, labelled or not (:class:`FederatedTrainer`).
 
     Args:
         max_steps: Rounds to run (``trainer.max_steps``); a run resumed with ``ckpt_path`` goes on up to it.
@@ -130,9 +136,12 @@ def federated_trainer(
         logger: As for ``Trainer`` (``False``: no logs, no run folder).
         plugins: As for ``Trainer``.
         default_root_dir: Where ``lightning_logs/`` goes (default: the working folder).
-        name: A label of the run folder, ``version_N-<name>`` (TensorBoard's run name too); ``"auto"``: the
-            strategy, partition, client transform and system model (``version_3-fedbuff-dirichlet-devices``,
-            :func:`~fl_lightning.lightning.loggers.run_label`); None: ``version_N``.
+        name: A label of the run folder, ``version_N-<name>`` (TensorBoard's run name too); ``"auto"`` (the
+            default, as on the command line): the strategy, partition, client transform and system model of
+            the module and data the Trainer holds when the run first logs
+            (``version_3-fedbuff-dirichlet-devices``, :func:`~fl_lightning.lightning.loggers.run_label`;
+            a bare ``version_N`` if it holds none yet, e.g. ``trainer.log_dir`` read before ``fit``); None,
+            ``""`` or ``"none"``: a bare ``version_N``.
         **trainer_kwargs: Any other ``Trainer`` argument.
 
     Raises:
@@ -156,7 +165,7 @@ def round_trainer(
     logger: Logger | Iterable[Logger] | bool | None = None,
     plugins: Any = None,
     default_root_dir: str | os.PathLike | None = None,
-    name: str | None = None,
+    name: str | None = "auto",
     hparams: Mapping[str, Any] | None = None,
     on_new_run_folder: Callable[[Path], None] | None = None,
     **trainer_kwargs: Any,
@@ -170,6 +179,7 @@ def round_trainer(
             the run is refused before its first round).
     """
     args = {**ROUND_DEFAULTS, **trainer_kwargs}
+    name = folder_label(name)
     interval = args.get("val_check_interval")
     if interval is not None:  # Lightning takes 0, then divides by it in the first round
         check_number(

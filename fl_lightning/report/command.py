@@ -158,12 +158,13 @@ def _short(text: str) -> str:
 def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) -> str:
     """The self-contained page: figures as data URIs, the tables, each row's config, the problems."""
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>fl_lightning report</title><style>"
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>fl_lightning report: {html.escape(col.title)}</title><style>"
         "body{font-family:sans-serif;margin:24px;max-width:1300px}img{max-width:100%;border:1px solid #ddd;"
         "margin:6px 0}table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;"
         "padding:3px 7px;text-align:right}th{background:#f4f4f4}pre{background:#f7f7f7;padding:8px;"
         "font-size:12px;overflow:auto}.problem{color:#a00}</style></head><body>",
-        f"<h1>fl_lightning report: {html.escape(col.root.name or str(col.root))}</h1>",
+        f"<h1>fl_lightning report: {html.escape(col.title)}</h1>",
         f"<p>{'Sweep' if col.sweep else 'Run'} at <code>{html.escape(str(col.root))}</code>: "
         f"{len(col.rows)} row(s), {len(col.runs)} finished run(s); metric {html.escape(metric)}. "
         "Every number is read from the runs' summary.json, curves.csv and clients.csv.</p>",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.runs import read_clients, read_curves
+from fl_lightning.runs import read_clients, read_curves, run_number
 
 
 @dataclass
@@ -37,12 +37,23 @@ class RunFiles:
 
 @dataclass
 class Collection:
-    """What a folder holds: the runs by row (in order), whether it is a sweep, and one line per problem."""
+    """What a folder holds: the runs by row (in order), whether it is a sweep, one line per problem, and a
+    sweep's ``name:`` (:func:`sweep_name`; empty for a run)."""
 
     root: Path
     sweep: bool
     rows: dict[str, list[RunFiles]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    name: str = ""
+
+    @property
+    def title(self) -> str:
+        """What the page is about: a sweep's ``name:``, a run's folder (``version_3-fedbuff-devices``)."""
+        if self.name:
+            return self.name
+        if not self.sweep and len(self.rows) == 1:
+            return next(iter(self.rows))
+        return self.root.name or str(self.root)
 
     @property
     def runs(self) -> list[RunFiles]:
@@ -58,8 +69,9 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 
 def _versions(folder: Path) -> list[Path]:
-    found = [v for v in (folder / "lightning_logs").glob("version_*") if v.name[8:].isdigit()]
-    return sorted(found, key=lambda v: int(v.name[8:]))
+    """The run folders ``version_N[-<label>]`` of ``folder/lightning_logs``, by ``N``."""
+    found = [v for v in (folder / "lightning_logs").glob("version_*") if run_number(v) is not None]
+    return sorted(found, key=lambda v: run_number(v) or 0)
 
 
 def _load(folder: Path, row: str, seed: int | None) -> RunFiles | None:
@@ -104,7 +116,7 @@ def discover(path: Path) -> Collection:
                 col.rows[v.name] = [run]
                 break
         return col
-    col = Collection(path, True)
+    col = Collection(path, True, name=sweep_name(path))
     seed_dirs = [
         p
         for p in (path.rglob("seed*") if path.is_dir() else [])
@@ -125,6 +137,16 @@ def discover(path: Path) -> Collection:
                 continue
             col.rows.setdefault(row, []).append(run)
     return col
+
+
+def sweep_name(path: Path) -> str:
+    """A sweep output's ``name:`` (the heading of its ``results.md``, ``# <name>``); empty without one."""
+    try:
+        with open(path / "results.md") as f:
+            first = f.readline().strip()
+    except OSError:
+        return ""
+    return first[2:].strip() if first.startswith("# ") else ""
 
 
 def _row_order(path: Path) -> dict[str, int]:

@@ -72,7 +72,9 @@ class CFL(Strategy):
     update norm over the clusters ``cfl/mean_norm`` and the largest client update norm ``cfl/max_norm`` (the
     two criteria), and, when a client transform makes groups, ``cluster_ari`` (the adjusted Rand index of the
     round's clients' clusters against their groups; each client uploads its group for this only). Each
-    client's cluster is in its round metrics (``z_client/<id>/cfl/cluster``).
+    client's cluster is in its round metrics (``z_client/<id>/cfl/cluster``); every client's, after every
+    round, in the TensorBoard text ``cluster/assignment``, and the final one in ``clients.csv``
+    (:meth:`cluster_ids`).
 
     **Deployment.** A client's personalised model is its cluster's model (an unseen client's: cluster 0's);
     the global model is the sample-weighted mean of all the round's uploads (before the first split, the
@@ -266,6 +268,10 @@ class CFL(Strategy):
 
     def round_metrics(self) -> dict[str, float]:
         return dict(self._metrics)
+
+    def cluster_ids(self) -> dict[int, int]:
+        """Every client's cluster (all in cluster 0 until the first split; an unseen client's: 0)."""
+        return dict(enumerate(self.cluster_of.tolist()))
 
     def extra_repr(self) -> str:
         return f"eps_1={self.eps_1}, eps_2={self.eps_2}, warmup={self.warmup}, server_lr={self.server_lr}"

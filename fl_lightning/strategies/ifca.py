@@ -80,7 +80,9 @@ class IFCA(Strategy):
     ``R = 1`` (default) is plain random initialisation; whole reruns with other ``seed`` values are the
     paper's way and remain the stronger one.
 
-    **Record.** Every client's choice is in its round metrics (``z_client/<id>/ifca/cluster``); the round
+    **Record.** Every client's choice is in its round metrics (``z_client/<id>/ifca/cluster``), and the last
+    choice of each is kept (:meth:`cluster_ids`: the TensorBoard text ``cluster/assignment`` after every
+    round, the ``cluster`` column of ``clients.csv``); the round
     metrics give each cluster's count of clients (``ifca/clients<j>``), the objective ``ifca/loss`` (mean
     lowest loss) and, when a client transform makes groups (``Rotation``, ``LabelPermutation``), the
     adjusted Rand index of the round's choices against them, ``cluster_ari`` (also in ``summary.json``).
@@ -118,6 +120,7 @@ class IFCA(Strategy):
         self.seed = seed
         self.register_buffer("models", torch.zeros(0))
         self.register_buffer("kept", torch.tensor(-1))  # the restart kept (-1: still racing)
+        self.register_buffer("assigned", torch.zeros(0, dtype=torch.long))  # per client: last choice, -1
         self._layout: Layout = []
         self._model: list[nn.Module] = []  # not a submodule
         self._resettable = True
@@ -137,6 +140,14 @@ class IFCA(Strategy):
         device = next(iter(model.parameters())).device
         self.models = torch.stack(draws).to(device)
         self.kept = torch.tensor(0 if self.restarts == 1 else -1, device=device)
+        self.assigned = torch.full((num_clients,), -1, dtype=torch.long, device=device)
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # a checkpoint written before the choices were kept: none known yet (the next rounds record them)
+        state_dict.setdefault(prefix + "assigned", self.assigned.clone())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def check(self, model: nn.Module, spec: RunSpec) -> None:
         super().check(model, spec)
@@ -235,6 +246,8 @@ class IFCA(Strategy):
             self.kept.fill_(kept)
         clients = [c for c in range(self.num_clients) if slot_of[c] >= 0 and slot_of[c] // self.k == kept]
         found = [int(slot_of[c]) % self.k for c in clients]
+        if clients:
+            self.assigned[clients] = torch.tensor(found, dtype=torch.long, device=self.assigned.device)
         self._metrics = {
             "ifca/loss": float(losses[kept]),
             **{f"ifca/clients{j}": float(found.count(j)) for j in range(self.k)},
@@ -245,6 +258,10 @@ class IFCA(Strategy):
 
     def round_metrics(self) -> dict[str, float]:
         return dict(self._metrics)
+
+    def cluster_ids(self) -> dict[int, int]:
+        """The cluster each client chose the last time it trained (clients that never trained left out)."""
+        return {c: j for c, j in enumerate(self.assigned.tolist()) if j >= 0}
 
     def extra_repr(self) -> str:
         return f"k={self.k}, restarts={self.restarts}, seed={self.seed}, server_lr={self.server_lr}"

@@ -2,16 +2,17 @@
 
 Every run of a sweep is an ordinary ``python -m fl_lightning fit`` process in its own folder,
 ``<out>/<row>/seed<k>/`` (its TensorBoard run, ``config.yaml``, checkpoints and ``summary.json`` under
-``lightning_logs/version_N/``, its output in ``fit.log`` / ``fit.err``). ``--jobs N`` runs N at a time
-(default: the machine's cores), each with ``cores // N`` intra-op threads (at least 1; as
+``lightning_logs/version_N-<row>-seed<k>/``, a row ``fedprox/dir0.1`` labelling it ``fedprox-dir0.1-seed1``:
+folders and TensorBoard runs read as the table's rows; its output in ``fit.log`` / ``fit.err``). ``--jobs N``
+runs N at a time (default: the machine's cores), each with ``cores // N`` intra-op threads (at least 1; as
 ``--model.threads_per_process`` and ``OMP_NUM_THREADS``): N processes of several threads each on N cores
 oversubscribe them. Before any run starts, every row's arguments are parsed as ``fit`` parses them (a row
-``fit`` would refuse stops the sweep with ``fit``'s line). Started again, a sweep skips a run only when it
-is the run it would start now (the same resolved config, its summary covering ``trainer.max_steps``),
-resumes one of the same config that did fewer rounds from its ``last.ckpt`` (``--ckpt_path``), and runs
-one of another config again beside it (:func:`inspect_run`); a failed run is tried again. At the end it writes
-``<out>/results.md`` and ``<out>/results.csv`` (mean ± std over seeds per row) and prints the table. A
-failed run does not stop the others; the exit status is then 1 and the table marks the row.
+``fit`` would refuse stops the sweep with ``fit``'s line). Started again, a sweep skips a run only when it is
+the run it would start now (the same resolved config, its summary covering ``trainer.max_steps``), resumes one
+of the same config that did fewer rounds from its ``last.ckpt`` (``--ckpt_path``), and runs one of another
+config again beside it (:func:`inspect_run`); a failed run is tried again. At the end it writes
+``<out>/results.md`` and ``<out>/results.csv`` (mean ± std over seeds per row) and prints the table. A failed
+run does not stop the others; the exit status is then 1 and the table marks the row.
 
 The sweep file (YAML; relative paths are relative to ``root``)::
 
@@ -65,8 +66,8 @@ per-client spread (``client_<stat>``, ``client_global_<stat>``: ``weighted_mean`
 TensorBoard scalar. Default: final, best, client (when the runs have it), rounds_to_target (with a
 ``target``), wall_s, mib. The std is the sample standard deviation over seeds (n - 1).
 
-A run counts as finished when a ``version_N`` of its folder has the config the run resolves to now (a
-digest of its ``config.yaml``, :func:`config_digest`) and a ``summary.json`` that covers the sweep's
+A run counts as finished when a ``version_N[-<label>]`` of its folder has the config the run resolves to now
+(a digest of its ``config.yaml``, :func:`config_digest`) and a ``summary.json`` that covers the sweep's
 ``trainer.max_steps`` (or ``fit`` stopped it early, e.g. ``EarlyStopping``). Options:
 ``--rows PATTERN...`` (shell patterns on row names), ``--seeds``, ``--out``, ``--report`` (only collect the
 table), ``--print-commands`` (one ``fit`` command per run still to do, for a SLURM array or GNU parallel,

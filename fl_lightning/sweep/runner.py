@@ -50,14 +50,21 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def run_name(run: Run) -> str:
+    """A sweep run's folder label: its row's name (``/`` as ``-``) and seed, ``fedprox-dir0.1-seed1``."""
+    return f"{run.row.name.replace('/', '-')}-seed{run.seed}"
+
+
 def fit_command(
     sweep: Sweep, run: Run, threads: int | None, ckpt: Path | None, extra: list[str], python: str
 ) -> list[str]:
-    """The ``fit`` command line of a run (paths relative to ``root``, where it runs)."""
+    """The ``fit`` command line of a run (paths relative to ``root``, where it runs); its run folder and
+    TensorBoard run are named by the row and seed, ``version_N-<row>-seed<k>`` (:func:`run_name`; an
+    argument of the sweep or row that sets ``--name`` comes later and wins)."""
     cmd = [python, "-m", "fl_lightning", "fit"]
     for f in (*sweep.base, *run.row.configs):
         cmd.append(f"--config={f}")
-    cmd.append("--trainer.enable_progress_bar=false")
+    cmd += [f"--name={run_name(run)}", "--trainer.enable_progress_bar=false"]
     cmd += [*sweep.args, *run.row.args, *extra]
     if threads is not None:
         cmd.append(f"--model.threads_per_process={threads}")

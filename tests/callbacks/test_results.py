@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from fl_lightning.callbacks.results import ledger, read_history
+from fl_lightning.callbacks.results import cluster_text, ledger, read_history
 from fl_lightning.callbacks.summary import FederatedSummary
 from fl_lightning.engine.system import Devices
-from fl_lightning.runs import read_scalars
+from fl_lightning.runs import read_scalars, read_texts
 from fl_lightning.strategies import FedPer
 
 from conftest import make_data, make_module, make_trainer
@@ -50,6 +50,8 @@ def test_curves_and_clients_equal_the_summary_and_tensorboard_and_unseen_clients
     assert all(int(c["sampled"]) == 0 for c in clients if int(c["unseen"]))
     assert sum(int(c["sampled"]) for c in clients) == sum(len(r.sampled) for r in module.history)
     assert all(float(c["speed"]) > 0 for c in clients)
+    assert [c["cluster"] for c in clients] == [""] * 6  # FedAvg has no clusters: the column stays empty
+    assert "cluster/assignment" not in read_texts(folder)
     seen = [float(c["global_acc"]) for c in clients if not int(c["unseen"])]
     hidden = [float(c["global_acc"]) for c in clients if int(c["unseen"])]
     spread = s["client_global_acc"]
@@ -74,6 +76,14 @@ def test_a_personalised_strategy_reports_the_global_and_the_deployed_model_per_c
     steps = ledger(read_history(module.history), 4)
     assert [int(c["steps"]) for c in clients] == [steps[c]["steps"] for c in range(4)]
     assert sum(int(c["trained"]) for c in clients) == 4  # 2 rounds x 2 clients
+
+
+def test_a_clustered_assignment_reads_as_each_clusters_clients():
+    assert (
+        cluster_text(3, {4: 1, 0: 0, 2: 0, 1: 1, 5: 0})
+        == "round 3: cluster 0: clients 0, 2, 5; cluster 1: clients 1, 4"
+    )
+    assert cluster_text(1, {}) == "round 1: no client assigned yet"
 
 
 def test_unseen_clients_must_be_a_fraction():

@@ -94,7 +94,7 @@ def test_16_mixed_asked_on_a_cpu_is_summarised_as_the_bf16_that_ran(tmp_path, ca
     from fl_lightning.lightning import federated_trainer
     from fl_lightning.runs import read_summary
 
-    from conftest import make_data, make_module
+    from conftest import make_data, make_module, run_folder
 
     trainer = federated_trainer(
         max_steps=1,
@@ -105,7 +105,7 @@ def test_16_mixed_asked_on_a_cpu_is_summarised_as_the_bf16_that_ran(tmp_path, ca
     )
     with caplog.at_level("INFO", logger="fl_lightning"):
         trainer.fit(make_module(), datamodule=make_data())
-    summary = read_summary(tmp_path / "lightning_logs" / "version_0")
+    summary = read_summary(run_folder(tmp_path))
     assert summary["machine"]["precision"] == "bf16-mixed"
     assert "1 thread, bf16-mixed precision" in caplog.text  # the summary's machine line
 

@@ -10,6 +10,8 @@ from fl_lightning.data import FCUBE, IID, FederatedDataModule, NaturalUsers, get
 from fl_lightning.data.fcube import fcube_label
 from fl_lightning.errors import ConfigError
 
+from conftest import run_folder
+
 
 def test_sizes_cube_and_label_rule():
     s = load_dataset("fcube")
@@ -79,7 +81,7 @@ def test_fits_from_the_command_line_with_the_linear_model(tmp_path, capsys):
             f"--trainer.default_root_dir={tmp_path}",
         ]
     )
-    config = (tmp_path / "lightning_logs" / "version_0" / "config.yaml").read_text()
+    config = (run_folder(tmp_path) / "config.yaml").read_text()
     assert "class_path: fl_lightning.data.FCUBE" in config
     out = capsys.readouterr().out
     assert "rounds: 3" in out and "per-client accuracy, global model (4 clients)" in out

@@ -12,6 +12,8 @@ from fl_lightning.cli import main
 from fl_lightning.engine.distributed import assign_clients
 from fl_lightning.engine.record import RoundRecord
 
+from conftest import run_folder
+
 TESTS = Path(__file__).resolve().parents[1]
 # Two processes sum their clients' weighted uploads before the all-reduce, one process sums them all
 # in sequence: the global weights agree up to float32 summation order, ~1e-7 relative per round.
@@ -48,7 +50,7 @@ def _run(tmp: Path, devices: int, *extra: str) -> dict:
         cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}"]
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    ckpt = next((tmp / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    ckpt = next((run_folder(tmp) / "checkpoints").glob("*.ckpt"))
     return torch.load(ckpt, weights_only=False)
 
 

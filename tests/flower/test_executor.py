@@ -42,6 +42,8 @@ from fl_lightning.functional.tensor import shared_state
 from fl_lightning.runs import read_scalars, read_summary
 from fl_lightning.strategies import FedAvg, FedPer
 
+from conftest import run_folder
+
 
 @pytest.fixture(autouse=True)
 def _server_identity(monkeypatch):
@@ -80,7 +82,8 @@ def test_flower_rounds_equal_fit(tmp_path, overrides):
 def test_a_flower_run_writes_the_summary_and_tensorboard_tags_of_fit(tmp_path):
     _run(tmp_path / "flower", [])
     fit_run(tmp_path / "fit", logger=True)
-    flower, fit = (tmp_path / d / "lightning_logs" / "version_0" for d in ("flower", "fit"))
+    flower, fit = (run_folder(tmp_path / d) for d in ("flower", "fit"))
+    assert flower.name == fit.name  # the same labelled run folder as fit's
     a, b = read_summary(flower), read_summary(fit)
     assert a.keys() == b.keys()
     timing = ("wall_time_s", "run_wall_time_s", "mean_round_s")
@@ -169,7 +172,7 @@ def test_resuming_a_run_whose_nodes_kept_client_state_is_refused(tmp_path):
     resume (a new Flower run, or fit) would restart it from zero: one line instead."""
     module, _ = _run(tmp_path, SCAFFOLD, rounds=1)
     assert module.history[0].client_held_state
-    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    last = run_folder(tmp_path) / "checkpoints" / "last.ckpt"
     with pytest.raises(ConfigError, match="kept their state on their Flower nodes"):
         fit_on_grid(
             LocalGrid(client_app(RECIPE, SCAFFOLD), 4),

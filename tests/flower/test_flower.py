@@ -28,6 +28,8 @@ from flwr.simulation import run_simulation
 from fl_lightning.flower import client_app, server_app
 from fl_lightning.runs import read_scalars
 
+from conftest import run_folder
+
 #: Notices the simulation command printed that were not the user's to act on (Flower's and jsonargparse's
 #: deprecations, Ray's future change, Lightning's seed line from every process that builds the run).
 NOTICES = [
@@ -61,7 +63,7 @@ def test_flower_simulation_of_scaffold_equals_fit(tmp_path):
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert [h.failed for h in out["history"]] == [0, 0, 0]
-    assert (tmp_path / "lightning_logs" / "version_0" / "summary.json").is_file()
+    assert (run_folder(tmp_path) / "summary.json").is_file()
     assert max_diff(out["weights"], fit_weights(tmp_path, overrides=overrides)) <= 1e-5
 
 
@@ -83,7 +85,7 @@ def test_the_simulation_command_of_fedavg_equals_fit_and_prints_the_run_and_no_n
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     printed = proc.stdout + proc.stderr
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     assert "fl_lightning summary" in proc.stdout and (run / "summary.json").is_file()
     assert [n for n in NOTICES if n in printed] == []
     assert [v for _, v in read_scalars(run)["round/failed_clients"]] == [0, 0, 0]  # the recipe's 3 rounds

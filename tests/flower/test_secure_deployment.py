@@ -34,6 +34,8 @@ from fl_lightning.flower.keys import make_keys
 from fl_lightning.flower.local import LocalFederation, free_port
 from fl_lightning.runs import read_scalars
 
+from conftest import run_folder
+
 BIN = Path(sys.executable).parent
 REPO = RECIPE.parents[2]
 ENV = {
@@ -166,9 +168,7 @@ def test_secure_federation_goes_on_when_a_node_dies_and_takes_it_back(tmp_path):
         assert not runner.is_alive() and "error" not in out, out.get("error", "")[-3000:]
         assert "rounds: 8 (this run: 8)" in out["log"], out["log"][-3000:]
         assert "client 1 excluded from the aggregate: client 1 (node" in out["log"]
-        failed = [
-            v for _, v in read_scalars(tmp_path / "lightning_logs" / "version_0")["round/failed_clients"]
-        ]
+        failed = [v for _, v in read_scalars(run_folder(tmp_path))["round/failed_clients"]]
         assert failed[0] == 0 and failed[1] == 1 and failed[-1] == 0, failed  # back by the last round
     finally:
         _closed(fed)
@@ -220,9 +220,7 @@ def test_secure_federation_of_nodes_with_their_own_data(tmp_path):
         assert any(line.split("{}")[1] in ln and line.split("{}")[0] in ln for ln in log.splitlines()), log[
             -3000:
         ]
-        failed = [
-            v for _, v in read_scalars(tmp_path / "lightning_logs" / "version_1")["round/failed_clients"]
-        ]
+        failed = [v for _, v in read_scalars(run_folder(tmp_path, 1))["round/failed_clients"]]
         assert failed == [1, 1]
     finally:
         _closed(fed)

@@ -11,6 +11,7 @@ from fl_lightning.lightning.loggers import (
     claim_version,
     claim_version_on_first_use,
     continue_version,
+    folder_label,
     run_label,
 )
 from fl_lightning.runs import read_scalars
@@ -55,6 +56,18 @@ def test_a_runs_label_names_its_strategy_split_transform_and_system():
     )
 
 
+def test_a_runs_name_asks_for_a_label_and_an_empty_one_for_a_bare_folder():
+    assert [folder_label(n) for n in ("auto", "my run", "None", "", " ", "null", None)] == [
+        "auto",
+        "my run",
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
+
+
 def test_a_logger_without_a_version_claims_its_folder_when_first_used(tmp_path):
     claimed = []
     first, second = (TensorBoardLogger(str(tmp_path), name="lightning_logs") for _ in range(2))
@@ -69,7 +82,7 @@ def test_a_logger_without_a_version_claims_its_folder_when_first_used(tmp_path):
 
 
 def test_a_resumed_run_continues_in_its_folder_when_the_logger_writes_there(tmp_path):
-    run = tmp_path / "lightning_logs" / "version_3"
+    run = tmp_path / "lightning_logs" / "version_3-fedavg-iid"
     run.mkdir(parents=True)
     same, other = TensorBoardLogger(str(tmp_path)), TensorBoardLogger(str(tmp_path), name="other")
     assert continue_version(same, run.resolve()) and Path(same.log_dir) == run

@@ -15,7 +15,7 @@ from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheck
 from fl_lightning.lightning.trainer import FederatedTrainer, round_trainer
 from fl_lightning.runs import read_scalars, read_summary
 
-from conftest import make_data, make_module
+from conftest import make_data, make_module, run_folder
 
 FAST = {"enable_progress_bar": False, "accelerator": "cpu", "devices": 1}
 
@@ -42,7 +42,7 @@ def test_monitored_callbacks_see_every_round_and_the_run_writes_last_ckpt_and_it
     stop = EarlyStopping(monitor="global/acc", mode="max", patience=100)
     trainer = federated_trainer(max_steps=3, default_root_dir=tmp_path, callbacks=[best, stop], **FAST)
     module = _fit(trainer)
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = tmp_path / "lightning_logs" / "version_0-fedavg-dirichlet"  # labelled by default, as the CLI's
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "last.ckpt",
         "round=1.ckpt",
@@ -115,7 +115,8 @@ def test_runs_built_in_one_folder_get_their_own_run_folders(tmp_path):
         round_trainer(max_steps=1, default_root_dir=tmp_path, on_new_run_folder=claimed.append, **FAST)
         for _ in range(2)
     ]
-    dirs = [t.log_dir for t in reversed(trainers)]  # whichever asks first gets version_0
+    # whichever asks first gets version_0; asked before fit, the folder has no module to be labelled by
+    dirs = [t.log_dir for t in reversed(trainers)]
     assert [d.rsplit("/", 1)[1] for d in dirs] == ["version_0", "version_1"]
     assert [p.name for p in claimed] == ["version_0", "version_1"]
 
@@ -137,7 +138,7 @@ def test_the_hparams_given_are_the_summarys_hparams_row(tmp_path):
         max_steps=1, default_root_dir=tmp_path, hparams={"model.strategy": "FedAvg", "x": 1}, **FAST
     )
     _fit(trainer)
-    run = tmp_path / "lightning_logs" / "version_0"
+    run = run_folder(tmp_path)
     assert "model.strategy: FedAvg" in (run / "hparams.yaml").read_text()
     assert json.loads((run / "summary.json").read_text())["rounds"] == 1
 
@@ -145,7 +146,7 @@ def test_the_hparams_given_are_the_summarys_hparams_row(tmp_path):
 def test_without_given_hparams_the_hparams_row_is_the_modules_and_data_modules_arguments(tmp_path):
     trainer = federated_trainer(max_steps=1, default_root_dir=tmp_path, **FAST)
     _fit(trainer, local_steps=1)
-    saved = (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text()
+    saved = (run_folder(tmp_path) / "hparams.yaml").read_text()
     assert "model.strategy: FedAvg" in saved and "model.local_steps: 1" in saved
     assert "data.num_clients: 4" in saved and "model.client.net: SmallCNN" in saved
 
@@ -153,17 +154,17 @@ def test_without_given_hparams_the_hparams_row_is_the_modules_and_data_modules_a
 def test_a_fit_resumed_from_a_runs_last_checkpoint_continues_in_its_folder(tmp_path):
     first = federated_trainer(max_steps=1, default_root_dir=tmp_path, **FAST)
     _fit(first)
-    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "lightning_logs" / "version_0-fedavg-dirichlet" / "checkpoints" / "last.ckpt"
     resumed = federated_trainer(max_steps=2, default_root_dir=tmp_path, **FAST)
     resumed.fit(make_module(), datamodule=make_data(), ckpt_path=str(last))
     assert resumed.log_dir == first.log_dir and [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [
-        "version_0"
+        "version_0-fedavg-dirichlet"
     ]
     assert [s for s, _ in read_scalars(first.log_dir)["global/acc"]] == [1, 2]  # one TensorBoard run
     assert read_summary(first.log_dir)["rounds"] == 2
     elsewhere = federated_trainer(max_steps=3, default_root_dir=tmp_path / "other", **FAST)
     elsewhere.fit(make_module(), datamodule=make_data(), ckpt_path=str(last))  # another folder: a new run
-    assert elsewhere.log_dir == str(tmp_path / "other" / "lightning_logs" / "version_0")
+    assert elsewhere.log_dir == str(tmp_path / "other" / "lightning_logs" / "version_0-fedavg-dirichlet")
 
 
 def test_from_python_the_progress_and_summary_print_without_console(tmp_path, capsys):
@@ -179,10 +180,15 @@ def test_a_named_run_folder_carries_its_label_and_auto_names_strategy_split_and_
 
     named = federated_trainer(max_steps=1, default_root_dir=tmp_path, name="my run", **FAST)
     _fit(named)
-    auto = federated_trainer(max_steps=1, default_root_dir=tmp_path, name="auto", **FAST)
+    auto = federated_trainer(max_steps=1, default_root_dir=tmp_path, **FAST)  # name="auto", the default
     _fit(auto, strategy=FedProx(mu=0.1))
+    for bare in (None, "", "none"):
+        _fit(federated_trainer(max_steps=1, default_root_dir=tmp_path, name=bare, **FAST))
     assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == [
         "version_0-my-run",
         "version_1-fedprox-dirichlet",
+        "version_2",
+        "version_3",
+        "version_4",
     ]
     assert read_summary(auto.log_dir)["rounds"] == 1

@@ -24,8 +24,16 @@ def _csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def craft(folder: Path, acc: list[float], metric: str = "acc", clock: bool = False, version: int = 0) -> Path:
-    run = folder / "lightning_logs" / f"version_{version}"
+def craft(
+    folder: Path,
+    acc: list[float],
+    metric: str = "acc",
+    clock: bool = False,
+    version: int = 0,
+    label: str = "fedavg-iid",
+) -> Path:
+    """A finished run as ``fit`` leaves it, in ``folder/lightning_logs/version_<version>-<label>``."""
+    run = folder / "lightning_logs" / f"version_{version}-{label}"
     run.mkdir(parents=True)
     summary = {"rounds": len(acc), "metric": metric, f"final_global_{metric}": acc[-1], "bytes_total": 100}
     (run / "summary.json").write_text(json.dumps(summary))
@@ -55,6 +63,7 @@ def test_a_sweep_gives_figures_a_page_and_one_line_for_a_failed_run(tmp_path):
     failed = out / "fedbuff" / "seed1"
     failed.mkdir(parents=True)
     (failed / "sweep.json").write_text(json.dumps({"returncode": 1, "error": "error: boom"}))
+    (out / "results.md").write_text("# methods_x_clocks\n\n| row | seeds |\n")  # the sweep's name:
     problems = report(out, tmp_path / "rep", target=0.5)
     assert any("fedbuff seed 1: failed (error: boom)" in p for p in problems)
     assert any("left out of the simulated-time figure: fedavg" in p for p in problems)
@@ -63,6 +72,8 @@ def test_a_sweep_gives_figures_a_page_and_one_line_for_a_failed_run(tmp_path):
         assert {f"{name}.png", f"{name}.svg"} <= files, name
     page = (tmp_path / "rep" / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "fedbuff" in page and "strategy: FedAvg" in page
+    assert "<title>fl_lightning report: methods_x_clocks</title>" in page  # the sweep's name, not "sweep"
+    assert "<h1>fl_lightning report: methods_x_clocks</h1>" in page
     col = discover(out)
     rounds, mean, std = band_by_round(col.rows["fedavg"], "global/acc")  # the curve's values: the cells'
     assert (
@@ -79,6 +90,20 @@ def test_a_run_folder_draws_its_curves_and_its_scatter(tmp_path):
     assert {"curve_rounds.png", "clients_scatter.svg", "index.html"} <= {
         p.name for p in (tmp_path / "rep").iterdir()
     }
+    assert (
+        "<h1>fl_lightning report: version_0-fedavg-iid</h1>" in (tmp_path / "rep" / "index.html").read_text()
+    )
+
+
+def test_a_fit_root_reports_its_newest_labelled_run_under_the_runs_name(tmp_path):
+    craft(tmp_path / "r", [0.2, 0.4], version=2, label="fedavg-iid")
+    craft(tmp_path / "r", [0.5, 0.7], version=10, label="fedbuff-dirichlet-devices")  # newest: 10 > 2
+    craft(tmp_path / "r", [0.1, 0.2], version=9)
+    col = discover(tmp_path / "r")
+    assert list(col.rows) == ["version_10-fedbuff-dirichlet-devices"] and col.title == next(iter(col.rows))
+    report(tmp_path / "r", tmp_path / "rep")
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "<title>fl_lightning report: version_10-fedbuff-dirichlet-devices</title>" in page
 
 
 def test_different_metrics_and_sim_time_without_a_clock_are_one_line_each(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from fl_lightning.api import RoundInfo, RunSpec
@@ -20,10 +21,11 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.checkpoint import AtomicCheckpointIO, LastRoundCheckpoint
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import MLP
+from fl_lightning.runs import read_clients, read_texts
 from fl_lightning.strategies import DP, Attack, FineTune, Krum, get_strategy, list_strategies
 from fl_lightning.strategies.cfl import CFL, META
 
-from conftest import make_data, make_trainer
+from conftest import make_data, make_trainer, run_folder
 
 D = torch.tensor([1.0, 2.0, -1.0, 0.5])  # the two groups' opposing direction
 
@@ -70,6 +72,7 @@ def test_opposing_updates_split_into_the_two_groups_each_averaged():
     uploads = _opposing()
     _round(strategy, model, uploads, round=1)
     assert strategy.cluster_of.tolist() == [0, 1, 0, 0, 1, 1]
+    assert strategy.cluster_ids() == {0: 0, 1: 1, 2: 0, 3: 0, 4: 1, 5: 1}  # clients.csv's, TensorBoard's
     assert strategy.num_clusters == 2 and strategy.splits.tolist() == [[1, 0, 1]]
     # each cluster model is its clients' mean (theta_c started at 0)
     torch.testing.assert_close(strategy.models[0], sum(uploads[c] for c in (0, 2, 3)) / 3)
@@ -204,10 +207,18 @@ def test_splits_a_label_permutation_into_its_two_groups(tmp_path):
     """8 digits clients, LabelPermutation(k=2): after the warm-up the one cluster's mean update is small while
     its clients' updates stay large, and the bi-partition separates the two groups exactly."""
     module, summary = _permuted_module(), FederatedSummary()
-    make_trainer(tmp_path, rounds=5, callbacks=[summary]).fit(module, datamodule=_permuted_data())
+    logger = TensorBoardLogger(tmp_path, name="lightning_logs")
+    make_trainer(tmp_path, rounds=5, callbacks=[summary], logger=logger).fit(
+        module, datamodule=_permuted_data()
+    )
     assert module.strategy.cluster_of.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
     records = [r.strategy for r in module.history]
     assert [r["cfl/splits"] for r in records] == [0, 0, 0, 1, 0]  # one split, in round 4
+    run = run_folder(tmp_path)
+    assert [int(c["cluster"]) for c in read_clients(run)] == [0, 1, 0, 1, 0, 1, 0, 1]  # the final clusters
+    texts = read_texts(run)["cluster/assignment"]  # every round's, in TensorBoard's text tab
+    assert texts[2] == (3, "round 3: cluster 0: clients 0, 1, 2, 3, 4, 5, 6, 7")
+    assert texts[3] == (4, "round 4: cluster 0: clients 0, 2, 4, 6; cluster 1: clients 1, 3, 5, 7")
     assert summary.summary["cluster_ari"] == 1.0 and summary.summary["cfl/last_split_round"] == 4
     assert summary.summary["client_acc"]["mean"] > 0.85 > 0.65 > summary.summary["final_global_acc"]
 
@@ -275,7 +286,7 @@ def cli_run(folder: Path, devices: int, *extra: str) -> dict:
         cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}"]
         proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    ckpt = next((folder / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    ckpt = next((run_folder(folder) / "checkpoints").glob("*.ckpt"))
     return torch.load(ckpt, weights_only=False)
 
 

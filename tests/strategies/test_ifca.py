@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
@@ -12,6 +13,7 @@ from fl_lightning.api import RoundInfo
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.types import ClientContext
 from fl_lightning.callbacks import FederatedCallback, FederatedSummary
+from fl_lightning.callbacks.results import cluster_text
 from fl_lightning.data import IID
 from fl_lightning.data.transforms import LabelPermutation
 from fl_lightning.engine.attack import SimulatedAttack
@@ -19,10 +21,11 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.flower.executor import refuse_server_deployed
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.models import MLP, LogisticRegression
+from fl_lightning.runs import read_clients, read_texts
 from fl_lightning.strategies import DP, FastSlow, FedAvg, FineTune, Median, get_strategy, list_strategies
 from fl_lightning.strategies.ifca import CLUSTER, IFCA, META
 
-from conftest import make_data, make_engine, make_module, make_trainer
+from conftest import make_data, make_engine, make_module, make_trainer, run_folder
 
 
 def _client_data(num_clients: int = 2):
@@ -108,6 +111,28 @@ def test_each_cluster_model_becomes_the_sample_weighted_mean_of_its_clients():
     assert metrics["ifca/clients0"] == 1 and metrics["ifca/clients1"] == 2 and metrics["ifca/clients2"] == 0
     assert metrics["ifca/loss"] == pytest.approx((0.5 + 3 * 0.25 + 1.0) / 5)
     assert metrics["cluster_ari"] == 1.0  # groups [0, 1, 1] against clusters [0, 1, 1]
+
+
+def test_each_clients_last_choice_is_kept_and_checkpointed():
+    """Round 1: clients 0, 1, 2 choose 0, 1, 1; round 2: only client 0 trains, choosing 2. Client 3 never
+    trained: no cluster. A checkpoint written before the choices were kept loads with none known."""
+    model = nn.Linear(2, 1)
+    strategy = IFCA(k=3, seed=0)
+    strategy.setup(model, 4)
+    assert strategy.cluster_ids() == {}
+    w = {"weight": torch.zeros(1, 2), "bias": torch.zeros(1)}
+    _aggregate(strategy, model, [(_upload(s, c, -1, w, [1.0]), 1, c) for c, s in enumerate([0, 1, 1])])
+    assert strategy.cluster_ids() == {0: 0, 1: 1, 2: 1}
+    _aggregate(strategy, model, [(_upload(2, 0, -1, w, [1.0]), 1, 0)], round=1)
+    assert strategy.cluster_ids() == {0: 2, 1: 1, 2: 1}
+    restored = IFCA(k=3, seed=0)
+    restored.setup(model, 4)
+    restored.load_state_dict(strategy.state_dict())
+    assert restored.cluster_ids() == {0: 2, 1: 1, 2: 1}
+    older = IFCA(k=3, seed=0)
+    older.setup(model, 4)
+    older.load_state_dict({k: v for k, v in strategy.state_dict().items() if k != "assigned"})
+    assert older.cluster_ids() == {} and torch.equal(older.models, strategy.models)
 
 
 def test_cluster_ari_compares_the_rounds_choices_with_the_true_groups():
@@ -213,26 +238,41 @@ class Choices(FederatedCallback):
             self.clusters[(round, result.client_id)] = result.metrics["ifca/cluster"]
 
 
-def _permuted_run(tmp_path, strategy, rounds: int = 5, **kw):
+def _permuted_run(tmp_path, strategy, rounds: int = 5, logger: bool = False, **kw):
     torch.manual_seed(0)
     client = ClientModule(MLP(in_features=64, num_classes=10, hidden=(32,)), lr=0.1, momentum=0.9)
     module = FederatedModule(client=client, strategy=strategy, local_steps=None, local_epochs=2, **kw)
     data = make_data(num_clients=8, partition=IID(), client_transform=LabelPermutation(k=2), batch_size=32)
     choices, summary = Choices(), FederatedSummary()
-    make_trainer(tmp_path, rounds=rounds, callbacks=[choices, summary]).fit(module, datamodule=data)
+    board = TensorBoardLogger(tmp_path, name="lightning_logs") if logger else False
+    trainer = make_trainer(tmp_path, rounds=rounds, callbacks=[choices, summary], logger=board)
+    trainer.fit(module, datamodule=data)
     return module, choices, summary.summary
 
 
 def test_recovers_the_groups_of_a_label_permutation(tmp_path):
     """8 digits clients, LabelPermutation(k=2): odd and even clients see contradictory labels. IFCA with k = 2
     puts each group in its own cluster within a few rounds (ARI 1, also in summary.json) and its deployed
-    models serve both groups, where one global model cannot."""
-    module, choices, summary = _permuted_run(tmp_path, IFCA(k=2, seed=0))
+    models serve both groups, where one global model cannot. The clusters are in TensorBoard's text after
+    every round and each client's final one in clients.csv."""
+    module, choices, summary = _permuted_run(tmp_path, IFCA(k=2, seed=0), logger=True)
     last = module.history[-1].strategy
     assert last["cluster_ari"] == 1.0 and summary["cluster_ari"] == 1.0
-    final = [choices.clusters[(4, c)] for c in range(8)]
+    final = [int(choices.clusters[(4, c)]) for c in range(8)]
     assert final[0::2] == [final[0]] * 4 and final[1::2] == [final[1]] * 4 and final[0] != final[1]
     assert summary["client_acc"]["mean"] > 0.85 > 0.6 > summary["final_global_acc"]
+    run = run_folder(tmp_path)
+    assert [int(c["cluster"]) for c in read_clients(run)] == final
+    texts = read_texts(run)["cluster/assignment"]
+    assert [step for step, _ in texts] == [1, 2, 3, 4, 5]
+    even, odd = (", ".join(map(str, range(g, 8, 2))) for g in (0, 1))
+    parts = sorted([(final[0], even), (final[1], odd)])
+    assert texts[-1][1] == f"round 5: cluster {parts[0][0]}: clients {parts[0][1]}; " + (
+        f"cluster {parts[1][0]}: clients {parts[1][1]}"
+    )
+    for r, (_, text) in enumerate(texts):  # each round's text: every client's choice in that round
+        chosen = {c: int(choices.clusters[(r, c)]) for c in range(8)}
+        assert text == cluster_text(r + 1, chosen)
 
 
 def test_vectorised_clients_fall_back_to_one_at_a_time_naming_the_reason(tmp_path, caplog):

@@ -33,7 +33,7 @@ def fake_config(argv: list[str]) -> dict:
     return {"seed_everything": seed, "trainer": {"max_steps": steps}, "model": model}
 
 
-#: Stands in for ``python -m fl_lightning fit``: writes ``version_N/{config.yaml,summary.json}`` with
+#: Stands in for ``python -m fl_lightning fit``: writes ``version_N-<--name>/{config.yaml,summary.json}`` with
 #: ``final_global_acc = --model.acc + seed / 100``, or fails (``--model.fail``), or waits (``--model.wait``).
 FAKE_FIT = (
     inspect.getsource(fake_config)
@@ -54,7 +54,7 @@ if "model.fail" in opts:
     sys.exit(2)
 root = os.path.join(opts["trainer.default_root_dir"], "lightning_logs")
 n = len(os.listdir(root)) if os.path.isdir(root) else 0
-run = os.path.join(root, f"version_{n}")
+run = os.path.join(root, f"version_{n}" + (f"-{opts['name']}" if opts.get("name") else ""))
 os.makedirs(run)
 acc = float(opts.get("model.acc", 0.5)) + int(opts["seed_everything"]) / 100
 config = fake_config(sys.argv[1:])
@@ -102,10 +102,12 @@ def craft_run(
     acc_curve: list[float] | None = None,
     version: int = 0,
     model: dict | None = None,
+    label: str | None = None,
 ) -> Path:
-    """A run folder as ``fit`` leaves it: config.yaml (as :func:`fake_config` resolves the run's arguments:
-    its seed from the folder's name, ``model``'s options), summary.json and TensorBoard scalars."""
-    run = folder / "lightning_logs" / f"version_{version}"
+    """A run folder as ``fit`` leaves it, ``version_<version>[-<label>]``: config.yaml (as :func:`fake_config`
+    resolves the run's arguments: its seed from the folder's name, ``model``'s options), summary.json and
+    TensorBoard scalars."""
+    run = folder / "lightning_logs" / (f"version_{version}" + (f"-{label}" if label else ""))
     run.mkdir(parents=True)
     seed = int(folder.name[4:]) if folder.name.startswith("seed") else 0
     config = {"seed_everything": seed, "trainer": {"max_steps": max_steps}, "model": model or {}}

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test i
 def test_a_run_is_finished_only_when_it_is_the_run_the_sweep_would_start_now(tmp_path):
     assert inspect_run(tmp_path / "nothing", expected()).kind == "new"
     run = tmp_path / "run"
-    craft_run(run, summary(0.9, 0.9), max_steps=3)
+    craft_run(run, summary(0.9, 0.9), max_steps=3, label="r-seed0")  # labelled as a sweep labels its runs
     state = inspect_run(run, expected(3))
-    assert (state.kind, state.version) == ("finished", run / "lightning_logs" / "version_0")
+    assert (state.kind, state.version) == ("finished", run / "lightning_logs" / "version_0-r-seed0")
 
     # a shorter smoke run of the same config is not finished: it resumes to the sweep's rounds
     smoke = tmp_path / "smoke"
@@ -50,9 +50,9 @@ def test_a_run_is_finished_only_when_it_is_the_run_the_sweep_would_start_now(tmp
     state = inspect_run(run, expected(3, model={"client.lr": 0.05}))
     assert state.kind == "rerun" and state.why == "its config differs: model.client.lr: <unset> -> 0.05"
     # ... which, once run, is finished, and the older version still counts for the older config
-    craft_run(run, summary(0.8, 0.8), model={"client.lr": 0.05}, version=1)
-    assert inspect_run(run, expected(3, model={"client.lr": 0.05})).version.name == "version_1"
-    assert inspect_run(run, expected(3)).version.name == "version_0"
+    craft_run(run, summary(0.8, 0.8), model={"client.lr": 0.05}, version=1, label="r-seed0")
+    assert inspect_run(run, expected(3, model={"client.lr": 0.05})).version.name == "version_1-r-seed0"
+    assert inspect_run(run, expected(3)).version.name == "version_0-r-seed0"
 
     # an interrupted start's summary: resume from its checkpoint
     cut = tmp_path / "cut"
@@ -65,10 +65,12 @@ def test_a_run_is_finished_only_when_it_is_the_run_the_sweep_would_start_now(tmp
     # a summary written before summaries recorded max_steps: its rounds must be the sweep's, or the
     # sweep saw its fit exit 0 (stopped early by EarlyStopping)
     old = tmp_path / "old"
-    v0 = craft_run(old, {k: v for k, v in summary(0.9, 0.9).items() if k != "max_steps"} | {"rounds": 2})
+    v0 = craft_run(
+        old, {k: v for k, v in summary(0.9, 0.9).items() if k != "max_steps"} | {"rounds": 2}, label="o-seed0"
+    )
     checkpoint(v0, 2)
     assert inspect_run(old, expected(3)).kind == "resume"
-    (old / "sweep.json").write_text(json.dumps({"returncode": 0, "version": "version_0"}))
+    (old / "sweep.json").write_text(json.dumps({"returncode": 0, "version": "version_0-o-seed0"}))
     assert inspect_run(old, expected(3)).kind == "finished"
 
     failed = tmp_path / "failed"

@@ -116,8 +116,8 @@ def test_the_table_reads_the_scalars_of_the_finished_run_only(tmp_path):
     path = write_sweep(tmp_path, {"base": "base.yaml", "target": 0.6, "rows": [{"name": "r"}]})
     folder = tmp_path / "lightning_logs" / "sweeps" / "s" / "r" / "seed0"
     # version_0: the run of another config, which reached the target at once; version_1: the sweep's run
-    craft_run(folder, summary(0.9, 0.9), acc_curve=[0.7, 0.8, 0.9], model={"lr": 1})
-    craft_run(folder, summary(0.7, 0.7), acc_curve=[0.1, 0.65, 0.7], version=1)
+    craft_run(folder, summary(0.9, 0.9), acc_curve=[0.7, 0.8, 0.9], model={"lr": 1}, label="r-seed0")
+    craft_run(folder, summary(0.7, 0.7), acc_curve=[0.1, 0.65, 0.7], version=1, label="r-seed0")
     assert run_sweep([str(path), "--report"]) == 0
     row = read_csv(folder.parents[1] / "results.csv")["r"]
     assert (row["final_mean"], row["rounds_to_target_mean"]) == ("70.0", "2.0")

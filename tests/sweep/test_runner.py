@@ -36,6 +36,8 @@ from fl_lightning.sweep import (
     runs_of,
 )
 
+from conftest import run_folder
+
 pytest_plugins = ["sweep_helpers"]  # its fixtures (a plugin: not autouse, it would apply to every test)
 pytestmark = pytest.mark.usefixtures("in_tmp_with_fake_resolver")  # each test in its own folder
 
@@ -66,11 +68,14 @@ def test_runs_get_their_folders_seeds_threads_and_progress_lines_and_a_failure_d
     assert "done    good/m seed 1: final acc 81.00% (best on test 81.00%)" in out
     sweeps = tmp_path / "lightning_logs" / "sweeps" / "s"
     s = json.loads(
-        (sweeps / "good" / "m" / "seed1" / "lightning_logs" / "version_0" / "summary.json").read_text()
+        (
+            sweeps / "good" / "m" / "seed1" / "lightning_logs" / "version_0-good-m-seed1" / "summary.json"
+        ).read_text()
     )
     assert s["argv"] == [
         "--config=base.yaml",
         "--config=base.yaml",
+        "--name=good-m-seed1",  # the run folder and TensorBoard run read as the row
         "--trainer.enable_progress_bar=false",
         "--model.acc=0.5",
         "--model.acc=0.8",
@@ -139,11 +144,11 @@ def test_print_commands_lists_the_runs_to_do_with_resume_checkpoints(tmp_path, c
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     cd = f"cd {tmp_path / 'exp'} && OMP_NUM_THREADS=2 python -m fl_lightning fit --config=base.yaml "
-    base = cd + "--trainer.enable_progress_bar=false --model.threads_per_process=2 "
+    base = "--trainer.enable_progress_bar=false --model.threads_per_process=2 "
     assert lines == [
-        base + f"--seed_everything=1 --trainer.default_root_dir={out}/seed1 "
+        cd + "--name=r-seed1 " + base + f"--seed_everything=1 --trainer.default_root_dir={out}/seed1 "
         f"--ckpt_path={out}/seed1/lightning_logs/version_0/checkpoints/last.ckpt",
-        base + f"--seed_everything=2 --trainer.default_root_dir={out}/seed2",
+        cd + "--name=r-seed2 " + base + f"--seed_everything=2 --trainer.default_root_dir={out}/seed2",
     ]
     assert "# 2 of 3 runs to do" in captured.err
     assert not (out / "seed2").exists()  # nothing ran
@@ -206,20 +211,22 @@ grid:
     table = read_csv(out / "results.csv")
     assert set(table) == {"fedavg/lr0.05", "fedprox/lr0.05"}
     for name, row in table.items():
-        runs = [
-            json.loads(p.read_text()) for p in out.glob(f"{name}/seed*/lightning_logs/version_0/summary.json")
-        ]
+        label = name.replace("/", "-")  # each run's folder carries its row's name and seed
+        folders = [out / name / f"seed{s}" / "lightning_logs" / f"version_0-{label}-seed{s}" for s in (0, 1)]
+        runs = [json.loads((f / "summary.json").read_text()) for f in folders]
         finals = [100 * r["final_global_acc"] for r in runs]
         assert float(row["final_mean"]) == pytest.approx(sum(finals) / 2)
         assert float(row["final_std"]) == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
-    config = yaml.safe_load((out / "fedprox/lr0.05/seed1/lightning_logs/version_0/config.yaml").read_text())
+    run = out / "fedprox/lr0.05/seed1/lightning_logs/version_0-fedprox-lr0.05-seed1"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["name"] == "fedprox-lr0.05-seed1"
     assert config["seed_everything"] == 1 and config["model"]["client"]["init_args"]["lr"] == 0.05
     assert config["model"]["strategy"]["init_args"]["mu"] == 0.1
     assert config["model"]["threads_per_process"] == max(1, runner.machine_cores() // 2)
 
     second = sweep_cli(tmp_path, "s.yaml", "--jobs", "2")
     assert second.returncode == 0 and second.stdout.count(" skipped ") == 4 and " start " not in second.stdout
-    assert not list(out.glob("*/*/seed*/lightning_logs/version_1"))
+    assert not list(out.glob("*/*/seed*/lightning_logs/version_1*"))
 
 
 @pytest.mark.slow
@@ -239,13 +246,14 @@ def test_an_interrupted_run_is_resumed_from_its_last_checkpoint(tmp_path):
             f"--trainer.default_root_dir={run}",
         ]
     )
-    (run / "lightning_logs" / "version_0" / "summary.json").unlink()
+    first = run_folder(run)  # labelled by its strategy and split (fit's default), not by the sweep
+    (first / "summary.json").unlink()
 
     proc = sweep_cli(tmp_path, "s.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resume  r seed 0 from lightning_logs/version_0/checkpoints/last.ckpt (1 of 2" in proc.stdout
+    assert f"resume  r seed 0 from lightning_logs/{first.name}/checkpoints/last.ckpt (1 of 2" in proc.stdout
     assert (
-        "--ckpt_path=lightning_logs/sweeps/s/r/seed0/lightning_logs/version_0/checkpoints/last.ckpt"
+        f"--ckpt_path=lightning_logs/sweeps/s/r/seed0/lightning_logs/{first.name}/checkpoints/last.ckpt"
         in (run / "fit.log").read_text()
     )
     summaries = sorted(run.glob("lightning_logs/version_*/summary.json"))
@@ -264,11 +272,13 @@ def test_a_smoke_run_of_a_row_is_resumed_to_the_sweeps_own_rounds_not_reported(t
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     full = sweep_cli(tmp_path, "s.yaml")
     assert full.returncode == 0, full.stdout + full.stderr
-    assert "resume  a seed 0 from lightning_logs/version_0/checkpoints/last.ckpt (1 of 2 rounds done)" in (
+    assert "resume  a seed 0 from lightning_logs/version_0-a-seed0/checkpoints/last.ckpt (1 of 2 rounds" in (
         full.stdout
     )
     assert full.stdout.count(" start   ") == 1 and " skipped " not in full.stdout  # seed 1
-    run = tmp_path / "lightning_logs" / "sweeps" / "s" / "a" / "seed0" / "lightning_logs" / "version_0"
+    run = (
+        tmp_path / "lightning_logs" / "sweeps" / "s" / "a" / "seed0" / "lightning_logs" / "version_0-a-seed0"
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["rounds"], summary["max_steps"], summary["rounds_this_run"]) == (2, 2, 1)
     assert summary["run_wall_time_s"] > summary["wall_time_s"]  # the smoke start counts too

@@ -19,7 +19,7 @@ from fl_lightning.functional.privacy import global_norm
 from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import DP, FedAvg, Median, Scaffold, get_strategy
 
-from conftest import global_weights, make_data, make_module, make_trainer
+from conftest import global_weights, make_data, make_module, make_trainer, run_folder
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "dp" / "dp_fedavg_digits.yaml"
 D_IN, D_OUT = 50, 20  # nn.Linear(50, 20): 1020 coordinates
@@ -404,7 +404,7 @@ def test_fit_with_dp_writes_epsilon_to_summary_and_tensorboard(tmp_path):
             f"--trainer.default_root_dir={tmp_path}",
         ]
     )
-    version = tmp_path / "lightning_logs" / "version_0"
+    version = run_folder(tmp_path)
     summary = json.loads((version / "summary.json").read_text())
     expected = RDPAccountant()
     for _ in range(3):
@@ -457,7 +457,7 @@ def test_two_processes_add_the_same_noise_once(tmp_path):
             ]
             proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
-        ckpt = next((root / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+        ckpt = next((run_folder(root) / "checkpoints").glob("*.ckpt"))
         runs[devices] = torch.load(ckpt, weights_only=True)
     one, two = runs[1], runs[2]
     for k, v in one["state_dict"].items():
