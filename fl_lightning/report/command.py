@@ -144,7 +144,7 @@ def _csv_html(path: Path) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_short(c))}</td>" for c in r) + "</tr>" for r in rows[1:]
     )
-    return f"<div style='overflow-x:auto'><table><tr>{head}</tr>{body}</table></div>"
+    return f"<div style='overflow-x:auto'><table class='wide'><tr>{head}</tr>{body}</table></div>"
 
 
 def _short(text: str) -> str:
@@ -163,7 +163,7 @@ def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) ->
         "body{font-family:sans-serif;margin:24px;max-width:1300px}img{max-width:100%;border:1px solid #ddd;"
         "margin:6px 0}table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;"
         "padding:3px 7px;text-align:right}th{background:#f4f4f4}pre{background:#f7f7f7;padding:8px;"
-        "font-size:12px;overflow:auto}.problem{color:#a00}</style></head><body>",
+        "font-size:12px;overflow:auto}.problem{color:#a00}.wide td{white-space:nowrap}</style></head><body>",
         f"<h1>fl_lightning report: {html.escape(col.title)}</h1>",
         f"<p>{'Sweep' if col.sweep else 'Run'} at <code>{html.escape(str(col.root))}</code>: "
         f"{len(col.rows)} row(s), {len(col.runs)} finished run(s); metric {html.escape(metric)}. "
