@@ -240,16 +240,17 @@ class IFCA(Strategy):
                 self.models[s].lerp_(target, self.server_lr)
         losses = means[LOSS]["restart"]
         kept = int(self.kept)
-        if kept < 0:
-            kept = lowest_loss(losses)
+        scored = 0  # the restart the round's choices and losses belong to: after the race, the kept set
+        if kept < 0:  # (in slots 0..k-1, the only set sent); in the race, the set kept now
+            kept = scored = lowest_loss(losses)
             self.models[: self.k] = self.models[kept * self.k : (kept + 1) * self.k].clone()
             self.kept.fill_(kept)
-        clients = [c for c in range(self.num_clients) if slot_of[c] >= 0 and slot_of[c] // self.k == kept]
+        clients = [c for c in range(self.num_clients) if slot_of[c] >= 0 and slot_of[c] // self.k == scored]
         found = [int(slot_of[c]) % self.k for c in clients]
         if clients:
             self.assigned[clients] = torch.tensor(found, dtype=torch.long, device=self.assigned.device)
         self._metrics = {
-            "ifca/loss": float(losses[kept]),
+            "ifca/loss": float(losses[scored]),
             **{f"ifca/clients{j}": float(found.count(j)) for j in range(self.k)},
             **agreement([int(group_of[c]) for c in clients], found),
         }

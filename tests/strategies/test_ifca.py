@@ -168,6 +168,10 @@ def test_restarts_race_in_the_first_round_and_keep_the_lowest_mean_loss():
     assert int(strategy.kept) == 1 and strategy.round_metrics()["ifca/restart"] == 1
     assert strategy.models[0].tolist() == [1.0, 2.0, 3.0]
     assert list(strategy.message(model, 0, 1)) == [f"{CLUSTER}0"]  # from now on the k kept models
+    # the next round scores only the kept set (in slot 0, as restart 0): its choices and loss are recorded
+    _aggregate(strategy, model, [(_upload(0, 0, -1, a, [1.5]), 1, 0), (_upload(0, 1, -1, b, [2.5]), 1, 1)])
+    assert strategy.round_metrics()["ifca/loss"] == pytest.approx(2.0)
+    assert strategy.round_metrics()["ifca/clients0"] == 2 and strategy.cluster_ids() == {0: 0, 1: 0}
 
 
 def test_initial_models_are_seeded_draws_and_leave_the_global_rng_alone():
