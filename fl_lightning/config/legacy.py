@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import asdict
 from typing import Any
 
 import yaml
 
 from fl_lightning.data.datasets import DATASETS, SYNTHETIC, DatasetSource, is_synthetic
 from fl_lightning.engine.system.policy import FIELDS as POLICY_FIELDS
-from fl_lightning.engine.system.policy import upgrade_model
+from fl_lightning.engine.system.policy import RoundPolicy, upgrade_model
 
 __all__ = ["former_fields", "upgrade_args", "upgrade_config", "upgrade_data", "upgrade_policy_args"]
 
@@ -260,3 +261,8 @@ def upgrade_dataset_args(args: list[str]) -> list[str]:
                 extra.append("--data.dataset=" + json.dumps({"init_args": options}))
     at = len(out) if last_dataset is None else last_dataset
     return out[:at] + extra + out[at:]
+
+
+def policy_defaults() -> dict[str, Any]:
+    """``model.round_policy.<field>`` at its default, per field (a run without a policy has these)."""
+    return {f"model.round_policy.{k}": v for k, v in asdict(RoundPolicy()).items()}

@@ -190,6 +190,7 @@ class StepState:
         listener: Where the step's events go.
         consumed: The arrivals consumed so far, in the order they were consumed.
         dispatched: The clients the step dispatched.
+        checked: Whether the engine's :meth:`~Host.check_round` has let the step run.
     """
 
     round: int
@@ -199,6 +200,7 @@ class StepState:
     listener: RoundListener
     consumed: list[Flight] = field(default_factory=list)
     dispatched: int = 0
+    checked: bool = False
 
 
 class Schedule(ABC):
@@ -230,10 +232,10 @@ class Schedule(ABC):
         advances the clock) until the step has :meth:`enough`, then the engine's server step (or the skip of a
         step without uploads)."""
         host = self.host
-        host.check_round(round)  # e.g. resumed past a privacy budget: nothing has run
         info = RoundInfo(round, [], [], host.num_clients)
         now = StepState(round, host.clock, host.strategy.aggregator(), RoundResult({}, info), listener)
         self.dispatch(now)
+        self.check(now)  # a step whose dispatch drew nobody
         while not self.enough(now):
             arrival = self.next_arrival(now)
             host.clock = max(host.clock, arrival.arrival_s)
@@ -278,6 +280,13 @@ class Schedule(ABC):
         busy = {f.client for f in self.flights}
         return [c for c in host.eligible(host.system.online(slot, host.clock)) if c not in busy]
 
+    def check(self, now: StepState) -> None:
+        """The engine's refusal of the step (e.g. resumed past a privacy budget, whose accountant needs the
+        round's sampling rate: known once the strategy has drawn), once per step, before any client trains."""
+        if not now.checked:
+            self.host.check_round(now.round)
+            now.checked = True
+
     def send(
         self, now: StepState, slot: int, online: list[int], count: int, agg: Aggregator, result: RoundResult
     ) -> RoundPlan:
@@ -289,6 +298,7 @@ class Schedule(ABC):
         where :attr:`dropouts_arrive`."""
         host, system = self.host, self.host.system
         sampled = host.draw(online, count, slot)
+        self.check(now)  # after the draw (what the strategy knows of the round), before anything trains
         plan = system.plan(slot, sampled, host.cohort)
         plan.online = len(online)
         if plan.dropped_out:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +86,15 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _digested(config: dict[str, Any]) -> dict[str, Any]:
-    from fl_lightning.config.legacy import upgrade_config  # (imports the data package: only when digesting)
-    from fl_lightning.engine.system.policy import RoundPolicy
+    from fl_lightning.config.legacy import (  # (imports the data package: only when digesting)
+        policy_defaults,
+        upgrade_config,
+    )
 
     flat = flat_config(upgrade_config(config))  # a run's config.yaml may spell its dataset the former way
     # The round policy at its defaults is the run without one (a config.yaml from before model.round_policy
     # has none, or only some of its fields inside model.system).
-    default = {f"model.round_policy.{k}": v for k, v in asdict(RoundPolicy()).items()}
+    default = policy_defaults()
     flat = {k: v for k, v in flat.items() if not (k in default and v == default[k])}
     if flat.get("model.round_policy", 0) in (None, {}):
         del flat["model.round_policy"]
