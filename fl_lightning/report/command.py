@@ -135,11 +135,14 @@ def table_html(rows: dict[str, list[RunFiles]], metric: str) -> str:
     return f"<table><tr><th>row</th><th>seeds</th>{head}</tr>{''.join(body)}</table>"
 
 
-def _csv_html(path: Path) -> str:
+def _csv_html(path: Path, patterns: Sequence[str] | None = None) -> str:
+    """The CSV as a table; with ``patterns``, only the rows whose first cell (the row name) matches one."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
         return ""
+    if patterns:
+        rows = rows[:1] + [r for r in rows[1:] if r and any(fnmatch.fnmatch(r[0], p) for p in patterns)]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_short(c))}</td>" for c in r) + "</tr>" for r in rows[1:]
@@ -155,7 +158,13 @@ def _short(text: str) -> str:
         return text
 
 
-def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) -> str:
+def page(
+    col: Collection,
+    metric: str,
+    pngs: list[Path],
+    problems: list[str],
+    patterns: Sequence[str] | None = None,
+) -> str:
     """The self-contained page: figures as data URIs, the tables, each row's config, the problems."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -176,7 +185,7 @@ def page(col: Collection, metric: str, pngs: list[Path], problems: list[str]) ->
     parts.append("<h2>Summary</h2>" + table_html(col.rows, metric))
     results = col.root / "results.csv"
     if col.sweep and results.is_file():
-        parts.append("<h3>The sweep's table (results.csv)</h3>" + _csv_html(results))
+        parts.append("<h3>The sweep's table (results.csv)</h3>" + _csv_html(results, patterns))
     parts.append("<h2>Figures</h2>")
     for png in pngs:
         data = base64.b64encode(png.read_bytes()).decode()
@@ -214,6 +223,7 @@ def report(
     finished run."""
     col = discover(folder)
     problems = list(col.problems)
+    patterns = list(rows or [])
     if rows:
         col.rows = {r: runs for r, runs in col.rows.items() if any(fnmatch.fnmatch(r, p) for p in rows)}
         if not col.rows:
@@ -280,7 +290,7 @@ def report(
     if not col.sweep:
         files += figures.scatter_figure(col.runs[0], metric, out)
     pngs = [p for p in files if p.suffix == ".png"]
-    (out / "index.html").write_text(page(col, metric, pngs, problems))
+    (out / "index.html").write_text(page(col, metric, pngs, problems, patterns))
     return problems
 
 

@@ -160,7 +160,12 @@ def test_a_loss_curve_is_drawn_as_it_is_and_rows_filter_and_facet(tmp_path, monk
     assert (tmp_path / "rep" / "curve_global_train_loss_rounds.svg").is_file()
     assert figures.in_percent("global/acc") and not figures.in_percent("global_train/loss")
     drawn.clear()
+    (out / "results.csv").write_text("row,final_mean\ns0/fedavg,1\ns90/fedavg,2\n")
     report(out, tmp_path / "rep2", rows=["s90/*"])
+    page = (tmp_path / "rep2" / "index.html").read_text()
+    assert (
+        "<td>s90/fedavg</td>" in page and "<td>s0/fedavg</td>" not in page
+    )  # the sweep's table filtered too
     assert drawn[0][0] == ["s90/fedavg", "s90/fedprox"] and drawn[0][3] is False
     with pytest.raises(FileNotFoundError, match="no row of .* matches --rows t300"):
         report(out, tmp_path / "rep3", rows=["t300/*"])
