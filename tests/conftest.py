@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,13 @@ from fl_lightning.strategies import FedAvg, Strategy
 
 torch.set_num_threads(1)
 
+
+#: How the tests' two-process runs start their processes: Lightning's fork launcher forks both ranks from the
+#: one process that imported fl_lightning already, where the default ``ddp`` launcher starts a second Python
+#: that imports torch, Lightning and fl_lightning again (about 9 s of CPU on the 2-core machine, per run).
+#: The engine's processes do the same work either way; ``tests/engine/test_distributed.py`` keeps the
+#: default launcher (FedAvg, failing clients) so that both launchers are tested.
+FORK = "--trainer.strategy=ddp_fork"
 
 #: With ``--dist loadgroup`` (the README's ``python -m pytest -n auto --dist loadgroup``) the tests of this
 #: group run on one worker, one after the other: they start Ray or a SuperLink with SuperNodes (several
@@ -173,3 +181,23 @@ def _no_global_seed_across_tests(monkeypatch):
     """``seed=None`` follows the last ``seed_everything`` of the process (``PL_GLOBAL_SEED``): a test that
     seeds (the command line always does) must not change the seed of the modules the next test builds."""
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+
+
+#: The checkout's top-level entries when the session started (tests never write into the checkout).
+_CHECKOUT = Path(__file__).resolve().parents[1]
+_TOP_LEVEL_BEFORE: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _TOP_LEVEL_BEFORE.update(p.name for p in _CHECKOUT.iterdir())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a test left a file or folder at the checkout's top level (a run without a
+    ``default_root_dir`` writes its ``lightning_logs`` or its summary to the working directory)."""
+    if not _TOP_LEVEL_BEFORE:
+        return
+    new = sorted(p.name for p in _CHECKOUT.iterdir() if p.name not in _TOP_LEVEL_BEFORE and p.name[0] != ".")
+    if new:
+        sys.stderr.write(f"\nerror: tests wrote into the checkout: {', '.join(new)} (give them a tmp_path)\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

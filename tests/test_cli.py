@@ -934,6 +934,10 @@ def test_every_cpu_config_runs_a_round(config, tmp_path):
         "--trainer.max_steps=1",
         "--trainer.enable_progress_bar=false",
         "--model.eval_clients_every=0",
+        # one local step a client: the config parses, builds its network, strategy and split, and its
+        # strategy runs a round end to end (a config's full local work took up to 30 s of one round here;
+        # what the steps compute is checked by the strategies' own tests and the recipes)
+        "--model.local_steps=1",
     )
     assert list((tmp_path / "lightning_logs").rglob("summary.json"))
 
@@ -1118,3 +1122,35 @@ def test_name_labels_the_run_folder_and_an_empty_name_leaves_it_bare(tmp_path, n
     cli = FederatedCLI(args=[*args, *([name] if name else [])], run=False)
     assert Path(cli.trainer.log_dir).name == folder  # claimed when first asked for
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == [folder]
+
+
+def test_an_error_raised_in_a_launched_process_is_its_one_line():
+    """``trainer.strategy=ddp_fork``/``ddp_spawn``: the parent gets the child's traceback as text; an
+    fl_lightning error in it is that error again (main's one line), anything else stays as it was."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    from fl_lightning.cli.app import launched_error
+    from fl_lightning.errors import ConfigError, RunError
+
+    def raised(last: str) -> ProcessRaisedException:
+        text = "\n\n-- Process 0 terminated with the following error:\nTraceback ...\n"
+        text += f'  File "x.py", line 1, in run\n{last}\n'
+        return ProcessRaisedException(text, error_index=0, error_pid=1)
+
+    error = launched_error(raised("fl_lightning.errors.RunError: round 1: client 5 failed"))
+    assert type(error) is RunError and str(error) == "round 1: client 5 failed"
+    error = launched_error(raised("fl_lightning.errors.ConfigError: data.num_clients=0 must be >= 1"))
+    assert type(error) is ConfigError and str(error) == "data.num_clients=0 must be >= 1"
+    assert launched_error(raised("RuntimeError: something else")) is None
+
+
+def test_runs_built_one_after_another_get_their_own_copy_of_the_parser(tmp_path):
+    """The parser is built once per process and copied (``RunBuilder.setup_parser``): what one run parses
+    never shows in the next one's defaults."""
+    from fl_lightning.config.run import _BUILT_PARSERS
+
+    first = FederatedCLI(args=["--data.num_clients=3", "--model.local_steps=2"], run=False)
+    second = FederatedCLI(args=[], run=False)
+    assert first.parser is not second.parser and _BUILT_PARSERS
+    assert first.datamodule.num_clients == 3 and second.datamodule.num_clients == 10
+    assert second.model.engine.config.local.local_steps is None

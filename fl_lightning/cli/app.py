@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from torch.multiprocessing import ProcessRaisedException
 
 from fl_lightning.callbacks import PredictionWriter
 from fl_lightning.cli import help as cli_help
@@ -170,6 +172,22 @@ def _take_verbose(args: Any) -> tuple[Any, bool]:
     return kept, True
 
 
+#: The last line of an fl_lightning error's traceback, as a launched process reports it to its parent.
+_LAUNCHED_ERROR = re.compile(r"^fl_lightning\.errors\.(ConfigError|RunError): (.+)$", re.MULTILINE)
+
+
+def launched_error(err: ProcessRaisedException) -> ConfigError | RunError | None:
+    """The ``ConfigError``/``RunError`` a process of Lightning's spawn or fork launcher raised, else None.
+
+    With ``trainer.strategy=ddp_spawn`` or ``ddp_fork`` the parent gets the child's traceback as text.
+    """
+    found = _LAUNCHED_ERROR.findall(str(err))
+    if not found:
+        return None
+    kind, message = found[-1]
+    return (ConfigError if kind == "ConfigError" else RunError)(message)
+
+
 def main(args: Any = None) -> None:
     """Entry point of ``python -m fl_lightning``; bad input exits with a one-line ``error:``.
 
@@ -183,8 +201,14 @@ def main(args: Any = None) -> None:
         return
     args, verbose = _take_verbose(args)
     try:
-        with console(verbose):
-            FederatedCLI(args=args)
+        try:
+            with console(verbose):
+                FederatedCLI(args=args)
+        except ProcessRaisedException as err:  # a launched process's own error line, not its traceback
+            error = launched_error(err)
+            if error is None:
+                raise
+            raise error from None
         leave_process_group()
     except SIGTERMException:
         sys.stderr.write(

@@ -49,6 +49,9 @@ def _is_local(path: PathLike) -> bool:
 
 #: Name of a checkpoint's temporary file while it is written: ``.<name>.tmp-<pid>``.
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
+#: The file in which Lightning's spawn and fork launchers (``trainer.strategy=ddp_spawn``/``ddp_fork``) hand
+#: rank 0's final weights to the main process: a bare ``state_dict``, not a checkpoint.
+LAUNCHER_WEIGHTS = ".temp.ckpt"
 
 _CKPT_FIX = (
     "give a .ckpt file written by `fit` "
@@ -114,6 +117,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """
         if not _is_local(path):
             return super().load_checkpoint(path, map_location, weights_only)
+        if Path(path).name == LAUNCHER_WEIGHTS:  # rank 0's weights for the main process (spawn/fork)
+            return torch.load(path, map_location=map_location, weights_only=True)
         return load_checkpoint_file(path, map_location, True if weights_only is None else weights_only)
 
 

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -708,6 +709,26 @@ class FederatedModule(LightningModule):
         schedule = self.engine.schedule_state()
         if schedule is not None:  # the simulated clock, an asynchronous schedule's clients in flight
             checkpoint["fl_lightning"]["schedule"] = schedule
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """``nn.Module.load_state_dict``, where a buffer a strategy sizes in its setup (empty until then:
+        IFCA's and CFL's cluster state) takes the saved shape first.
+
+        A module that never set up a run loads a trained one's weights this way: ``load_from_checkpoint``,
+        and the main process of Lightning's spawn and fork launchers (``trainer.strategy=ddp_spawn`` or
+        ``ddp_fork``), which receives rank 0's weights after ``fit``.
+        """
+        for name, buffer in list(self.named_buffers()):
+            saved = state_dict.get(name)
+            if buffer.numel() == 0 and isinstance(saved, Tensor) and saved.shape != buffer.shape:
+                owner_name, _, attr = name.rpartition(".")
+                owner = self.get_submodule(owner_name)
+                persistent = attr not in owner._non_persistent_buffers_set
+                sized = torch.empty(saved.shape, dtype=saved.dtype, device=buffer.device)
+                owner.register_buffer(attr, sized, persistent=persistent)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         fl = checkpoint.get("fl_lightning")

@@ -32,7 +32,7 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.runs import latest_run
 from fl_lightning.strategies import FedAvg, FedGen
 
-from conftest import global_weights, make_data, make_module, make_trainer
+from conftest import FORK, global_weights, make_data, make_module, make_trainer
 
 
 def _data(transform, num_clients: int = 4, **kw) -> FederatedDataModule:
@@ -358,6 +358,7 @@ def _two_processes(folder: Path, config: Path) -> None:
         f"--config={config}",
         *PATH_ARGS,
         "--trainer.devices=2",
+        FORK,
     ]
     proc = subprocess.run(
         [*cmd, f"--trainer.default_root_dir={folder}"],

@@ -12,7 +12,7 @@ from fl_lightning.cli import main
 from fl_lightning.engine.distributed import assign_clients
 from fl_lightning.engine.record import RoundRecord
 
-from conftest import run_folder
+from conftest import FORK, run_folder
 
 TESTS = Path(__file__).resolve().parents[1]
 # Two processes sum their clients' weighted uploads before the all-reduce, one process sums them all
@@ -40,7 +40,9 @@ COMMON = [
 ]
 
 
-def _run(tmp: Path, devices: int, *extra: str) -> dict:
+def _run(tmp: Path, devices: int, *extra: str, fork: bool = True) -> dict:
+    """The last checkpoint of ``fit`` in ``devices`` processes: forked (:data:`conftest.FORK`), or with
+    ``fork=False`` started by Lightning's default launcher (a second Python running the command again)."""
     tmp.mkdir(parents=True, exist_ok=True)
     args = ["fit", *COMMON, *extra, f"--trainer.default_root_dir={tmp}"]
     if devices == 1:
@@ -48,6 +50,7 @@ def _run(tmp: Path, devices: int, *extra: str) -> dict:
     else:
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}"]
+        cmd += [FORK] if fork else []
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = next((run_folder(tmp) / "checkpoints").glob("*.ckpt"))
@@ -79,7 +82,7 @@ def test_two_processes_match_one_process(tmp_path, strategy, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     extra = [f"--model.strategy={strategy}"]
     one = _run(tmp_path / "one", 1, *extra)
-    two = _run(tmp_path / "two", 2, *extra)
+    two = _run(tmp_path / "two", 2, *extra, fork=strategy != "FedAvg")  # FedAvg: the default launcher
     _assert_same_run(one, two)
     if "Stateful" in strategy:  # per-client state exists and followed its client across processes
         assert one["fl_lightning"]["client_state"]
@@ -119,7 +122,7 @@ def test_failing_clients_are_excluded_on_any_process(tmp_path, monkeypatch):
         "--model.strategy.nan_on=[2,3]",
         "--model.participation=1.0",
     ]
-    two = _run(tmp_path / "two", 2, *extra)
+    two = _run(tmp_path / "two", 2, *extra, fork=False)
     assert [r["failed"] for r in two["fl_lightning"]["history"]] == [4, 4, 4]
     assert all(torch.isfinite(v).all() for v in two["state_dict"].values())
 

@@ -26,6 +26,8 @@ from fl_lightning.engine.record import RoundRecord
 from fl_lightning.errors import RunError
 from fl_lightning.runs import latest_run
 
+from conftest import FORK
+
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 ATOL = 1e-5
@@ -140,7 +142,7 @@ def _two_processes(folder: Path, args: list[str], ckpt: str | None) -> str:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    cmd = [sys.executable, "-m", "fl_lightning", "fit", *args, "--trainer.devices=2"]
+    cmd = [sys.executable, "-m", "fl_lightning", "fit", *args, "--trainer.devices=2", FORK]
     cmd += [f"--ckpt_path={ckpt}"] if ckpt else []
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]

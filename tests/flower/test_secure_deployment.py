@@ -69,14 +69,19 @@ def _closed(fed: LocalFederation) -> None:
     assert not fed.leftovers(), fed.leftovers()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def secure(tmp_path_factory):
-    """Two secure SuperNodes (TLS, registered keys), each hosting 2 of the recipe's 4 clients."""
-    fed = LocalFederation(
-        tmp_path_factory.mktemp("secure"),
-        [{"partition-id": i, "num-partitions": 2} for i in range(2)],
-        env=ENV,
-    )
+    """Two secure SuperNodes (TLS, registered keys), each bringing its own data: one client of the recipe's
+    split with 2 clients, written as node files (``data-dir``). Ended after the tests of
+    :class:`TestOneSecureFederation` (its idle processes poll, and would share the cores with the tests
+    after it)."""
+    root = tmp_path_factory.mktemp("secure")
+    export_node_data(RECIPE, root / "nodes", TWO_CLIENTS)
+    nodes = [
+        {"partition-id": i, "num-partitions": 2, "data-dir": str(root / "nodes" / f"client-{i}")}
+        for i in range(2)
+    ]
+    fed = LocalFederation(root / "fed", nodes, env=ENV)
     try:
         fed.start()
         yield fed
@@ -105,32 +110,60 @@ def _lone_node(fed: LocalFederation, **changes) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, proc.returncode, out, "")
 
 
-def test_secure_federation_with_tls_and_node_auth_reaches_fit(secure, tmp_path):
-    saved = tmp_path / "final.pt"
-    log = secure.run(
-        RECIPE.parent, {"num-server-rounds": 2, "save-path": str(saved), "root-dir": str(tmp_path / "runs")}
-    )
-    assert "rounds: 2 (this run: 2)" in log, log[-3000:]
-    assert "Uvicorn running on https://" in secure.log("superlink")  # TLS
-    assert "--insecure" not in " ".join(secure.node_argv(0))
-    fit = fit_weights(tmp_path / "fit", overrides=["--trainer.max_steps=2"])
-    assert max_diff(torch.load(saved), fit) <= 1e-6
-    assert secure.online() == 2
+class TestOneSecureFederation:
+    """Tests that share one secure federation (:func:`secure`), in this order: the last one changes a node."""
 
+    def test_secure_federation_of_nodes_with_their_own_data_reaches_fit(self, secure, tmp_path):
+        """TLS and SuperNode authentication; each node reads its client's samples from its own folder: the
+        run equals fit on the same split."""
+        saved = tmp_path / "final.pt"
+        config = {
+            "config": "two.yaml",
+            "num-server-rounds": 2,
+            "save-path": str(saved),
+            "root-dir": str(tmp_path),
+        }
+        log = secure.run(RECIPE.parent, config, files={"two.yaml": two_clients_yaml()})
+        assert "rounds: 2 (this run: 2)" in log, log[-3000:]
+        assert "clients [0, 1] train on their nodes' own files (data-dir)" in log, log[-3000:]
+        assert "Uvicorn running on https://" in secure.log("superlink")  # TLS
+        assert "--insecure" not in " ".join(secure.node_argv(0))
+        fit = fit_weights(tmp_path / "fit", overrides=[*TWO_CLIENTS, "--trainer.max_steps=2"])
+        assert max_diff(torch.load(saved), fit) <= 1e-6
+        assert secure.online() == 2
 
-def test_a_supernode_whose_key_is_not_registered_is_refused_auth(secure, tmp_path):
-    other = make_keys(tmp_path / "other", 1)  # a key pair the SuperLink never registered
-    out = _lone_node(secure, auth_supernode_private_key=str(other.node_keys[0]))
-    assert out.returncode != 0
-    assert "Failed to activate SuperNode" in out.stdout, out.stdout[-2000:]
-    assert secure.online() == 2
+    def test_a_supernode_whose_key_is_not_registered_is_refused_auth(self, secure, tmp_path):
+        other = make_keys(tmp_path / "other", 1)  # a key pair the SuperLink never registered
+        out = _lone_node(secure, auth_supernode_private_key=str(other.node_keys[0]))
+        assert out.returncode != 0
+        assert "Failed to activate SuperNode" in out.stdout, out.stdout[-2000:]
+        assert secure.online() == 2
 
+    def test_a_supernode_without_the_ca_certificate_cannot_connect_tls(self, secure):
+        out = _lone_node(secure, root_certificates=None)  # Flower then trusts the system's CAs only
+        assert out.returncode != 0
+        assert "CERTIFICATE_VERIFY_FAILED" in out.stdout, out.stdout[-2000:]
+        assert secure.online() == 2
 
-def test_a_supernode_without_the_ca_certificate_cannot_connect_tls(secure):
-    out = _lone_node(secure, root_certificates=None)  # Flower then trusts the system's CAs only
-    assert out.returncode != 0
-    assert "CERTIFICATE_VERIFY_FAILED" in out.stdout, out.stdout[-2000:]
-    assert secure.online() == 2
+    def test_a_node_whose_data_folder_is_missing_is_that_clients_failure_in_one_line(self, secure, tmp_path):
+        """Node 1 restarted with a folder that does not exist: client 1 fails in every round with one line
+        naming its node and folder, and client 0's rounds go on."""
+        missing = tmp_path / "nowhere"
+        secure.stop_node(1, signal.SIGTERM)  # a graceful stop: the SuperLink takes the node back at once
+        secure.nodes = [secure.nodes[0], {**secure.nodes[1], "data-dir": str(missing)}]
+        secure.start_node(1)
+        secure.wait_online(2)
+        config = {"config": "two.yaml", "num-server-rounds": 2, "root-dir": str(tmp_path)}
+        log = secure.run(RECIPE.parent, config, files={"two.yaml": two_clients_yaml()})
+        assert "rounds: 2 (this run: 2)" in log, log[-3000:]
+        line = (
+            f"client 1 (node {{}}): ConfigError: node partition-id=1: data-dir '{missing}': does not exist; "
+            "give the SuperNode the folder that holds its data"
+        )
+        before, after = line.split("{}")
+        assert any(before in ln and after in ln for ln in log.splitlines()), log[-3000:]
+        failed = [v for _, v in read_scalars(run_folder(tmp_path))["round/failed_clients"]]
+        assert failed == [1, 1]
 
 
 def test_secure_federation_goes_on_when_a_node_dies_and_takes_it_back(tmp_path):
@@ -170,57 +203,5 @@ def test_secure_federation_goes_on_when_a_node_dies_and_takes_it_back(tmp_path):
         assert "client 1 excluded from the aggregate: client 1 (node" in out["log"]
         failed = [v for _, v in read_scalars(run_folder(tmp_path))["round/failed_clients"]]
         assert failed[0] == 0 and failed[1] == 1 and failed[-1] == 0, failed  # back by the last round
-    finally:
-        _closed(fed)
-
-
-def test_secure_federation_of_nodes_with_their_own_data(tmp_path):
-    """Each node reads its client's samples from its own data folder (the config's split written as node
-    files): the run equals fit on the same split; then node 1's folder is missing: client 1 fails in every
-    round with one line naming its node and folder, and client 0's rounds go on."""
-    export_node_data(RECIPE, tmp_path / "nodes", TWO_CLIENTS)
-    nodes = [
-        {"partition-id": i, "num-partitions": 2, "data-dir": str(tmp_path / "nodes" / f"client-{i}")}
-        for i in range(2)
-    ]
-    fed = LocalFederation(tmp_path / "fed", nodes, env=ENV)
-    files = {"two.yaml": two_clients_yaml()}
-    try:
-        fed.start()
-        saved = tmp_path / "final.pt"
-        log = fed.run(
-            RECIPE.parent,
-            {
-                "config": "two.yaml",
-                "num-server-rounds": 2,
-                "save-path": str(saved),
-                "root-dir": str(tmp_path),
-            },
-            files=files,
-        )
-        assert "clients [0, 1] train on their nodes' own files (data-dir)" in log, log[-3000:]
-        fit = fit_weights(tmp_path / "fit", overrides=[*TWO_CLIENTS, "--trainer.max_steps=2"])
-        assert max_diff(torch.load(saved), fit) <= 1e-6
-
-        missing = tmp_path / "nodes" / "nowhere"
-        fed.stop_node(1, signal.SIGTERM)  # a graceful stop: the SuperLink takes the node back at once
-        fed.nodes = [nodes[0], {**nodes[1], "data-dir": str(missing)}]
-        fed.start_node(1)
-        fed.wait_online(2)
-        log = fed.run(
-            RECIPE.parent,
-            {"config": "two.yaml", "num-server-rounds": 2, "root-dir": str(tmp_path)},
-            files=files,
-        )
-        assert "rounds: 2 (this run: 2)" in log, log[-3000:]
-        line = (
-            f"client 1 (node {{}}): ConfigError: node partition-id=1: data-dir '{missing}': does not exist; "
-            "give the SuperNode the folder that holds its data"
-        )
-        assert any(line.split("{}")[1] in ln and line.split("{}")[0] in ln for ln in log.splitlines()), log[
-            -3000:
-        ]
-        failed = [v for _, v in read_scalars(run_folder(tmp_path, 1))["round/failed_clients"]]
-        assert failed == [1, 1]
     finally:
         _closed(fed)

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning.errors import ConfigError
 from fl_lightning.lightning.checkpoint import (
+    LAUNCHER_WEIGHTS,
     AtomicCheckpointIO,
     LastRoundCheckpoint,
     hyperparameters,
@@ -261,3 +262,17 @@ def test_resume_with_changed_hyperparameters_warns_naming_each(tmp_path, caplog)
         "resuming after round 1 with changed hyperparameters: model.client.lr 0.1 -> 0.05, "
         "model.lr_decay 1.0 -> 0.9, model.strategy.server_lr 1.0 -> 0.5 (earlier rounds used the old values)"
     )
+
+
+def test_the_spawn_and_fork_launchers_hand_over_rank_0s_weights_and_nothing_else_passes(tmp_path):
+    """``trainer.strategy=ddp_fork``/``ddp_spawn``: rank 0 saves its bare ``state_dict`` as ``.temp.ckpt``
+    for the main process, which loads it through the checkpoint IO; any other bare ``state_dict`` is still
+    one line (a user's ``--ckpt_path``)."""
+    io = AtomicCheckpointIO()
+    weights = {"client.net.w": torch.arange(3.0)}
+    handed = tmp_path / LAUNCHER_WEIGHTS
+    io.save_checkpoint(weights, handed)
+    assert torch.equal(io.load_checkpoint(handed)["client.net.w"], weights["client.net.w"])
+    io.save_checkpoint(weights, tmp_path / "weights.ckpt")
+    with pytest.raises(ConfigError, match=r"holds a dict without state_dict, not a Lightning checkpoint"):
+        io.load_checkpoint(tmp_path / "weights.ckpt")

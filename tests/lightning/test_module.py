@@ -404,9 +404,10 @@ def test_load_from_checkpoint_rebuilds_module_and_data_and_a_resume_equals_the_r
     fast = {"enable_progress_bar": False, "accelerator": "cpu", "devices": 1}
     L.seed_everything(7, verbose=False)
     straight = _default_net_module()
-    federated_trainer(max_steps=2, logger=False, enable_checkpointing=False, **fast).fit(
-        straight, datamodule=make_data(partition=Dirichlet(alpha=0.3))
-    )
+    straight_root = tmp_path / "straight"  # no logger: the summary goes to default_root_dir, not the cwd
+    federated_trainer(
+        max_steps=2, logger=False, enable_checkpointing=False, default_root_dir=straight_root, **fast
+    ).fit(straight, datamodule=make_data(partition=Dirichlet(alpha=0.3)))
     L.seed_everything(7, verbose=False)
     first = federated_trainer(max_steps=1, default_root_dir=tmp_path, **fast)
     first.fit(_default_net_module(), datamodule=make_data(partition=Dirichlet(alpha=0.3)))
@@ -490,3 +491,26 @@ def test_a_checkpoint_that_saved_the_round_policy_inside_the_system_model_loads_
     assert not [r for r in caplog.records if "changed hyperparameters" in r.getMessage()]
     assert [r.round for r in model.history] == [0, 1]
     assert model.system.round_policy is model.round_policy  # the one object the system model applies
+
+
+def test_load_from_checkpoint_of_a_strategy_that_sizes_its_state_in_setup(tmp_path):
+    """IFCA's cluster models are sized when a run sets up (empty buffers before): a module built from the
+    checkpoint takes them as saved (it refused them, size mismatch; so did the main process of the fork
+    launcher receiving rank 0's weights)."""
+    from fl_lightning.cli import main
+    from fl_lightning.lightning.module import FederatedModule
+
+    args = ["fit", "--model.strategy=IFCA", "--model.strategy.k=2", "--trainer.max_steps=1"]
+    main(
+        [
+            *args,
+            "--data.num_clients=4",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    last = next(tmp_path.glob("lightning_logs/*/checkpoints/last.ckpt"))
+    model = FederatedModule.load_from_checkpoint(last)
+    saved = torch.load(last, weights_only=True)["state_dict"]
+    assert torch.equal(model.strategy.models, saved["strategy.models"])
+    assert torch.equal(model.strategy.assigned, saved["strategy.assigned"])

@@ -25,7 +25,7 @@ from fl_lightning.runs import read_clients, read_texts
 from fl_lightning.strategies import DP, Attack, FineTune, Krum, get_strategy, list_strategies
 from fl_lightning.strategies.cfl import CFL, META
 
-from conftest import make_data, make_trainer, run_folder
+from conftest import FORK, make_data, make_trainer, run_folder
 
 D = torch.tensor([1.0, 2.0, -1.0, 0.5])  # the two groups' opposing direction
 
@@ -276,14 +276,15 @@ PERMUTED = [
 
 
 def cli_run(folder: Path, devices: int, *extra: str) -> dict:
-    """``fit`` through the command line in ``devices`` processes; the last checkpoint."""
+    """``fit`` through the command line in ``devices`` processes (forked, :data:`conftest.FORK`); the last
+    checkpoint."""
     folder.mkdir(parents=True, exist_ok=True)
     args = ["fit", *PERMUTED, *extra, f"--trainer.default_root_dir={folder}"]
     if devices == 1:
         main(args)
     else:
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}"]
+        cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}", FORK]
         proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = next((run_folder(folder) / "checkpoints").glob("*.ckpt"))

@@ -19,7 +19,7 @@ from fl_lightning.functional.privacy import global_norm
 from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import DP, FedAvg, Median, Scaffold, get_strategy
 
-from conftest import global_weights, make_data, make_module, make_trainer, run_folder
+from conftest import FORK, global_weights, make_data, make_module, make_trainer, run_folder
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "dp" / "dp_fedavg_digits.yaml"
 D_IN, D_OUT = 50, 20  # nn.Linear(50, 20): 1020 coordinates
@@ -454,6 +454,7 @@ def test_two_processes_add_the_same_noise_once(tmp_path):
                 *args,
                 f"--trainer.default_root_dir={root}",
                 "--trainer.devices=2",
+                FORK,
             ]
             proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
