@@ -1,9 +1,9 @@
-"""Issue 33's check through the CLI: ``model.vectorize=100`` against ``model.vectorize=1``, alternating.
+"""Issue 33's check through the CLI: ``model.runtime.vectorize=100`` against ``=1``, alternating.
 
 Each run is exactly the command below (``python -m fl_lightning fit``, a fresh process), with
-``--model.vectorize=1`` then ``--model.vectorize=100``, ``--runs`` times each, alternating; the CLI's
-defaults otherwise (validation and every client's evaluation after each round, a local test split of 20%
-of each client's 60 samples: 48 to train on, 5 local steps, and the local evaluation of each trained
+``--model.runtime.vectorize=1`` then ``--model.runtime.vectorize=100``, ``--runs`` times each, alternating;
+the CLI's defaults otherwise (validation and every client's evaluation after each round, a local test split
+of 20% of each client's 60 samples: 48 to train on, 5 local steps, and the local evaluation of each trained
 client). Printed per run: the seconds per round of the run's summary (``mean_round_s``: its training
 rounds, the first round's measurement included), the steady round (median of rounds 2..R of
 ``round/time_s``), the run's wall time, its peak RSS and, for ``vectorize=100``, its ``vectorize/*``
@@ -19,7 +19,7 @@ ambiguous to the CLI, which also knows ``torchvision.ops.MLP``):
         --model.clients_per_round=100 --model.local_epochs=1 --data.batch_size=10 \\
         --model.client.net=fl_lightning.models.MLP --model.client.net.in_features=784 \\
         --model.client.net.hidden=[200,200] --model.client.lr=0.05 --model.client.momentum=0 \\
-        --model.threads_per_process=1 --trainer.max_steps=4 --model.vectorize=100
+        --model.runtime.threads_per_process=1 --trainer.max_steps=4 --model.runtime.vectorize=100
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ WORKLOAD = [
     "--model.client.net.hidden=[200,200]",
     "--model.client.lr=0.05",
     "--model.client.momentum=0",
-    "--model.threads_per_process=1",
+    "--model.runtime.threads_per_process=1",
 ]
 
 
@@ -64,7 +64,7 @@ def run(vectorize: int, rounds: int, root: Path) -> dict:
     cmd = [sys.executable, "-m", "fl_lightning", "fit", *WORKLOAD]
     cmd += [
         f"--trainer.max_steps={rounds}",
-        f"--model.vectorize={vectorize}",
+        f"--model.runtime.vectorize={vectorize}",
         f"--trainer.default_root_dir={folder}",
     ]
     start = time.perf_counter()

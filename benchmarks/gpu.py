@@ -7,7 +7,8 @@ allocation and compilation):
 
 - ``hand``: FedAvg written by hand (benchmarks/common.py), fp32, eager;
 - fl_lightning FedAvg fp32, FedSMOO fp32 (rho 0.1, beta 10, clip 10), FedAvg bf16-mixed, all eager;
-- fl_lightning FedAvg fp32 with ``model.compile=true`` (CUDA graphs on a GPU), unless ``--no-compile``.
+- fl_lightning FedAvg fp32 with ``model.runtime.compile=true`` (CUDA graphs on a GPU), unless
+  ``--no-compile``.
 
 Validation and client evaluation are off on both sides; every round is timed between device syncs.
 Printed ratios and their targets: FedAvg / hand <= 1.05, FedSMOO / FedAvg <= 2.1, bf16 / fp32 <= 1.0,
@@ -31,6 +32,7 @@ import torch
 from common import bare_trainer, hand_written_fedavg, sync
 from lightning.pytorch import Callback, Trainer
 
+from fl_lightning import Runtime
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import IID, DatasetSplits, FederatedDataModule, register_dataset
 from fl_lightning.lightning.module import FederatedModule
@@ -101,8 +103,9 @@ def framework(
     """Per-round seconds of ``strategy`` through FederatedModule and a Lightning Trainer."""
     device = torch.device(args.device)
     client = ClientModule(make_net(args), lr=args.lr, momentum=0.0, weight_decay=args.weight_decay)
+    runtime = Runtime(compile=compile)
     module = FederatedModule(
-        client, strategy, local_steps=args.local_steps, eval_clients_every=0, compile=compile
+        client, strategy, local_steps=args.local_steps, eval_clients_every=0, runtime=runtime
     )
     timer = RoundTimer(device)
     trainer = bare_trainer(

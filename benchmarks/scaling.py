@@ -75,10 +75,10 @@ def speed(rounds: int) -> None:
         "--trainer.limit_val_batches=0",
     ]
     runs = {
-        "1 process, 1 thread": ["--trainer.devices=1", "--model.threads_per_process=1"],
-        "1 process, 2 threads": ["--trainer.devices=1", "--model.threads_per_process=2"],
+        "1 process, 1 thread": ["--trainer.devices=1", "--model.runtime.threads_per_process=1"],
+        "1 process, 2 threads": ["--trainer.devices=1", "--model.runtime.threads_per_process=2"],
         "2 processes, 1 thread each": ["--trainer.devices=2"],
-        "2 processes, 2 threads each": ["--trainer.devices=2", "--model.threads_per_process=2"],
+        "2 processes, 2 threads each": ["--trainer.devices=2", "--model.runtime.threads_per_process=2"],
     }
     rate = {}
     for name, extra in runs.items():
@@ -144,7 +144,7 @@ def memory() -> None:
                 "--trainer.enable_checkpointing=false",
             ]
             if budget is not None:
-                args.append(f"--model.state_memory_mb={budget}")
+                args.append(f"--model.runtime.state_memory_mb={budget}")
             with tempfile.TemporaryDirectory() as tmp:
                 env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
                 cmd = [

@@ -1,4 +1,5 @@
-"""Round time of vectorised clients (``model.vectorize``) against one client at a time; ratios from one run.
+"""Round time of vectorised clients (``model.runtime.vectorize``) against one client at a time; ratios from
+one run.
 
 Work (defaults): ResNet-18-GN (``resnet18_gn`` in the model registry), every client of the federation
 sampled each round, 10, 20 and 50 clients per round, 50 local SGD steps at batch 50, FedAvg and FedSMOO
@@ -9,9 +10,9 @@ fastest of the rounds after a warm-up round (the least disturbed by other jobs o
 between device syncs, with the two modes alternating ``--repeats`` times; validation and client evaluation
 are off. Printed: seconds per round, the speed-up sequential / vectorised (targets on one GPU: >= 1.8x at
 10 clients, >= 3x at 20, >= 5x at 50) and, on CUDA, the peak device memory of a vectorised round. With
-``--compile`` each (strategy, clients) adds a row with the vectorised round under ``model.compile=true``
-(the vmapped forward compiled; CUDA graphs on a GPU) against the same sequential eager round; its
-compilation falls in the warm-up round.
+``--compile`` each (strategy, clients) adds a row with the vectorised round under
+``model.runtime.compile=true`` (the vmapped forward compiled; CUDA graphs on a GPU) against the same
+sequential eager round; its compilation falls in the warm-up round.
 
     python benchmarks/vectorized.py                                          # a GPU, the default sizes
     python benchmarks/vectorized.py --compile                                # + vectorised and compiled
@@ -21,8 +22,9 @@ compilation falls in the warm-up round.
 /usr/share/datasets/fashion-mnist) over 1,000 IID clients, 100 per round, one local epoch of batch 10 (60
 samples each, no local test split: 6 steps), the FedAvg paper's 2NN (784-200-200-10), SGD lr 0.05 without
 momentum, FedAvg, one intra-op thread, no evaluation. Four modes, each in a fresh process (for its peak
-RSS), alternating ``--repeats`` times: one client at a time (``model.vectorize=1``), ``model.vectorize=100``
-(``model.vectorize_cpu=measure``: its first round measures and decides), and two hand-written batched
+RSS), alternating ``--repeats`` times: one client at a time (``model.runtime.vectorize=1``),
+``model.runtime.vectorize=100`` (``model.runtime.vectorize_cpu=measure``: its first round measures and
+decides), and two hand-written batched
 rounds doing the same work (the clients' batches from the same per-client generators, the weighted mean of
 the clients' weights as the new global model): the 100 clients' MLPs as ``baddbmm`` with autograd and one
 ``torch._foreach_add_`` update per step, and the backward written by hand with the update fused into
@@ -53,6 +55,7 @@ from common import bare_trainer
 from gpu import RoundTimer
 from torch.nn.utils.rnn import pad_sequence
 
+from fl_lightning import Runtime
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import IID, FederatedDataModule
 from fl_lightning.data.datasets import Synthetic
@@ -97,11 +100,13 @@ def round_times(
         strategy(name),
         local_steps=args.local_steps,
         eval_clients_every=0,
-        vectorize=vectorize,
-        vectorize_memory_gb=args.memory_gb,
-        vectorize_cpu="batched",  # the vectorised path itself, whatever a CPU would measure
-        threads_per_process=args.threads,
-        compile=compile,
+        runtime=Runtime(
+            vectorize=vectorize,
+            vectorize_memory_gb=args.memory_gb,
+            vectorize_cpu="batched",  # the vectorised path itself, whatever a CPU would measure
+            threads_per_process=args.threads,
+            compile=compile,
+        ),
     )
     timer = RoundTimer(device)
     trainer = bare_trainer(args.rounds, device, callbacks=[timer], default_root_dir=str(Path(args.root)))
@@ -143,8 +148,7 @@ def framework_rounds(args: argparse.Namespace, dm: FederatedDataModule, vectoriz
         clients_per_round=args.per_round,
         local_epochs=1,
         eval_clients_every=0,
-        vectorize=vectorize,
-        threads_per_process=1,
+        runtime=Runtime(vectorize=vectorize, threads_per_process=1),
     )
     timer = RoundTimer(torch.device("cpu"))
     trainer = bare_trainer(args.rounds, torch.device("cpu"), callbacks=[timer], default_root_dir=args.root)
@@ -337,9 +341,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.0)
     p.add_argument("--weight-decay", type=float, default=1e-3)
-    p.add_argument("--memory-gb", type=float, default=None, help="model.vectorize_memory_gb (default: auto)")
+    p.add_argument(
+        "--memory-gb", type=float, default=None, help="model.runtime.vectorize_memory_gb (default: auto)"
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads per process")
-    p.add_argument("--compile", action="store_true", help="add vectorised + model.compile=true rows")
+    p.add_argument("--compile", action="store_true", help="add vectorised + model.runtime.compile=true rows")
     p.add_argument("--root", default="/tmp/fl_lightning_vectorized_benchmark")
     args = p.parse_args()
     warnings.filterwarnings("ignore")

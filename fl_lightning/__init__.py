@@ -4,11 +4,13 @@
 ``FederatedModule`` on a ``FederatedDataModule`` with ``federated_trainer()`` (README.md, "From Python").
 Strategies are in :mod:`fl_lightning.strategies`, networks in :mod:`fl_lightning.models`, partitions and
 client transforms in :mod:`fl_lightning.data`, system models in :mod:`fl_lightning.system`, callbacks in
-:mod:`fl_lightning.callbacks`.
+:mod:`fl_lightning.callbacks`; how a run executes (vectorised clients, compile, threads, the client state
+store) is a ``Runtime``, ``FederatedModule(runtime=Runtime(vectorize="auto"))``.
 """
 
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import FederatedDataModule
+from fl_lightning.engine.runtime import Runtime
 from fl_lightning.errors import ConfigError, RunError
 from fl_lightning.lightning.console import console
 from fl_lightning.lightning.module import FederatedModule
@@ -24,6 +26,7 @@ __all__ = [
     "FederatedModule",
     "FederatedTrainer",
     "RunError",
+    "Runtime",
     "Strategy",
     "console",
     "federated_trainer",

@@ -13,6 +13,7 @@ from lightning.pytorch import Trainer
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import IID, Dirichlet, FederatedDataModule
 from fl_lightning.engine import Engine, EngineConfig, LocalConfig, default_executor
+from fl_lightning.engine.runtime import Runtime
 from fl_lightning.lightning.module import FederatedModule
 from fl_lightning.lightning.trainer import ROUND_DEFAULTS
 from fl_lightning.models import SmallCNN
@@ -78,8 +79,13 @@ def make_data(**kw: Any) -> FederatedDataModule:
 
 
 def make_module(
-    strategy: Strategy | None = None, width: int = 4, client_kw: dict | None = None, **kw: Any
+    strategy: Strategy | None = None,
+    width: int = 4,
+    client_kw: dict | None = None,
+    runtime: dict | None = None,
+    **kw: Any,
 ) -> FederatedModule:
+    """A module of a SmallCNN client, 2 local steps; ``runtime``: fields of its :class:`Runtime`."""
     torch.manual_seed(0)
     client = ClientModule(
         SmallCNN(in_channels=1, num_classes=10, width=width, hidden=16),
@@ -87,7 +93,8 @@ def make_module(
         **{"momentum": 0.0, **(client_kw or {})},
     )
     kw.setdefault("local_steps", 2)
-    kw.setdefault("vectorize_cpu", "batched")  # model.vectorize's groups train batched, not as measured
+    # model.runtime.vectorize's groups train batched, not as measured
+    kw["runtime"] = Runtime(**{"vectorize_cpu": "batched", **(runtime or {})})
     return FederatedModule(client=client, strategy=strategy or FedAvg(), **kw)
 
 

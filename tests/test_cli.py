@@ -78,7 +78,12 @@ def test_help_reads_as_typed_and_leaves_out_the_flags_a_federated_round_refuses(
     for flag in ("max_epochs", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm"):
         assert f"--trainer.{flag}" not in text and flag in refused
     assert "--trainer.max_steps" in text and "--model.strategy" in text and "--data.partition" in text
-    assert len(text.splitlines()) < 520  # 750 when it listed every option in its usage line
+    # 750 when it listed every option in its usage line; model.runtime's group header added 8 lines
+    assert len(text.splitlines()) < 520
+    assert (
+        "--model.runtime.vectorize VECTORIZE" in text and "How the run executes, not what it trains" in words
+    )
+    assert "\n  --model.vectorize " not in text  # its former spelling: not listed (still parsed)
     with pytest.raises(SystemExit):
         main(["--help"])
     top = capsys.readouterr().out
@@ -960,6 +965,29 @@ def test_the_round_policy_inside_the_system_model_as_spelled_before_gives_the_sa
     assert old_config.replace(str(tmp_path / "old"), str(tmp_path / "new")) == config
     assert summary["partial_clients"] > 0 and summary["sim_time_s"] > 0
     for key in ("sim_time_s", "partial_clients", "late_clients", "bytes_up", "final_accuracy"):
+        assert old_summary.get(key) == summary.get(key), key
+
+
+def test_the_runtime_at_the_models_level_as_spelled_before_gives_the_same_run(tmp_path):
+    """``--model.vectorize=2 --model.threads_per_process 1 ...`` (the runtime's knobs as arguments of the
+    module itself, before ``model.runtime``; ``=`` and space forms) runs the run of
+    ``--model.runtime.<field>=<v>``: the same config.yaml, the same rounds and results."""
+    states = tmp_path / "states"
+    given = {"vectorize": "2", "vectorize_cpu": "batched", "threads_per_process": "1"}
+    given |= {"state_memory_mb": "0", "state_dir": str(states), "compile": "false"}
+    new = [f"--model.runtime.{k}={v}" for k, v in given.items()]
+    old = [a for k, v in given.items() for a in ((f"--model.{k}={v}",) if k < "t" else (f"--model.{k}", v))]
+    assert "--model.threads_per_process" in old and "--model.compile=false" in old  # both forms
+    runs = {}
+    for name, args in (("new", new), ("old", old)):
+        run_cli(tmp_path / name, "fit", *FAST, "--model.local_steps=2", "--model.strategy=Scaffold", *args)
+        version = run_folder(tmp_path / name)
+        runs[name] = ((version / "config.yaml").read_text(), read_summary(version))
+    (config, summary), (old_config, old_summary) = runs["new"], runs["old"]
+    assert "  runtime:\n    state_memory_mb: 0.0\n" in config and "\n  vectorize: " not in config
+    assert old_config.replace(str(tmp_path / "old"), str(tmp_path / "new")) == config
+    assert summary["vectorize/group_size"] == 2.0  # the vectorised path ran
+    for key in ("final_global_acc", "best_global_acc", "bytes_up", "vectorize/group_size", "rounds"):
         assert old_summary.get(key) == summary.get(key), key
 
 

@@ -15,6 +15,7 @@ from fl_lightning.data import (
     QuantitySkew,
     Rotation,
 )
+from fl_lightning.engine.runtime import Runtime
 from fl_lightning.engine.system import Devices, RoundPolicy, Stragglers
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.lightning.module import FederatedModule
@@ -31,7 +32,6 @@ CASES = [
     (FederatedModule, "grad_clip_norm", [NAN, -1.0, 0.0, INF], "model.grad_clip_norm"),
     (FederatedModule, "seed", [-1], "model.seed"),
     (FederatedModule, "max_failed_rounds", [0], "model.max_failed_rounds"),
-    (FederatedModule, "state_memory_mb", [NAN, -1.0], "model.state_memory_mb"),
     (FederatedDataModule, "eval_batch_size", [0, -1], "data.eval_batch_size"),
     (FederatedDataModule, "seed", [-1], "data.seed"),
     (S.FedAvg, "server_lr", [NAN, 0.0, -1.0, INF], "model.strategy.server_lr"),
@@ -79,6 +79,8 @@ CASES = [
     (CharLSTM, "hidden_size", [0, -1], "model.client.net.hidden_size"),
     (LogisticRegression, "input_dim", [0], "model.client.net.input_dim"),
     (RoundPolicy, "deadline_s", [NAN, 0.0, -1.0, INF], "model.round_policy.deadline_s"),
+    (Runtime, "state_memory_mb", [NAN, -1.0], "model.runtime.state_memory_mb"),
+    (Runtime, "vectorize_memory_gb", [NAN, 0.0, -1.0], "model.runtime.vectorize_memory_gb"),
     (RoundPolicy, "over_selection", [NAN, -0.5], "model.round_policy.over_selection"),
     (RoundPolicy, "target_accuracy", [NAN, 1.5], "model.round_policy.target_accuracy"),
     (RoundPolicy, "max_sim_time_s", [NAN, 0.0], "model.round_policy.max_sim_time_s"),

@@ -218,6 +218,7 @@ def test_the_from_python_example_runs_as_written_in_an_empty_folder(tmp_path, mo
     code = readme_python("From Python")
     assert "federated_trainer(" in code and "ckpt_path=" in code and "read_summary(" in code
     assert "load_from_checkpoint(" in code and "console" not in code  # no hand-written build(), no console()
+    assert "runtime=Runtime(" in code  # the runtime's knobs as one object (model.runtime)
     before = _checkout_status()
     monkeypatch.chdir(tmp_path)  # the folder a reader runs it in: nothing else is there
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})

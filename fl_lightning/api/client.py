@@ -69,8 +69,9 @@ class ClientModule(LightningModule):
         "configure_optimizers",
         "on_before_optimizer_step",
     )
-    #: Whether the clients of this class may train stacked (``model.vectorize``): declared ``False`` by a
-    #: subclass that changes one of :attr:`STACKED_METHODS` (the stacked worker would not run its version).
+    #: Whether the clients of this class may train stacked (``model.runtime.vectorize``): declared ``False``
+    #: by a subclass that changes one of :attr:`STACKED_METHODS` (the stacked worker would not run its
+    #: version).
     #: Safe fallback: a subclass that overrides one of them in its own body without declaring ``stackable``
     #: there gets ``False`` (it trains one client at a time, with the vectorised path's notice).
     stackable: ClassVar[bool] = True

@@ -39,8 +39,8 @@ in ``ctx.state["personal/<name>"]``: :meth:`on_client_start` loads them (a clien
 starts from the global model's initial values), :meth:`upload` saves them, :meth:`personalize`
 loads them for evaluation. Subclasses that override these hooks call ``super()``.
 
-Vectorised clients (``model.vectorize=C``): the loop may run the local steps of up to ``C`` clients as one
-batched computation. A strategy class declares that its client hooks obey this contract in its OWN class
+Vectorised clients (``model.runtime.vectorize=C``): the loop may run the local steps of up to ``C`` clients as
+one batched computation. A strategy class declares that its client hooks obey this contract in its OWN class
 body, with ``vectorizable = True`` or ``vectorizable = Vectorizable(scratch=..., unless=...)`` (the
 declaration is not inherited, since a subclass may add terms that do not vectorise); the engine reads it
 through :func:`cannot_vectorize` and :func:`vector_scratch` and nowhere else. Otherwise the round falls back

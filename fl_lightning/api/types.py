@@ -47,8 +47,8 @@ class ClientContext:
         seed: The run seed (``model.seed``, i.e. ``seed_everything``): derive any per-run draw of the
             strategy from it (as the simulated attack draws its malicious clients).
         stacked: 0 for one client. ``C > 0`` while the local steps of ``C`` clients run as one batched
-            computation (``model.vectorize``): the module's parameters and gradients, ``state`` and the
-            message's per-client entries then hold the clients along dim 0 (``[C, *shape]``), and
+            computation (``model.runtime.vectorize``): the module's parameters and gradients, ``state`` and
+            the message's per-client entries then hold the clients along dim 0 (``[C, *shape]``), and
             reductions over a client's parameters must be per client (see
             :attr:`fl_lightning.api.strategy.Strategy.vectorizable`).
 
@@ -183,7 +183,7 @@ class RoundResult:
     train_states: dict[int, TrainState] = field(default_factory=dict)
     #: Peak device memory allocated during the round's local training in GiB (CUDA only; None elsewhere).
     peak_memory_gb: float | None = None
-    #: Clients of the round trained in vectorised groups (``model.vectorize``), over all processes.
+    #: Clients of the round trained in vectorised groups (``model.runtime.vectorize``), over all processes.
     vectorised: int = 0
 
 

@@ -51,13 +51,7 @@ EXECUTION_FIELDS = frozenset(
         "data.eval_batch_size",
         "model.eval_clients_every",
         "model.eval_fraction",
-        "model.state_dir",
-        "model.state_memory_mb",
-        "model.threads_per_process",
-        "model.compile",
-        "model.vectorize",
-        "model.vectorize_memory_gb",
-        "model.vectorize_cpu",
+        "model.runtime",  # how the run executes (state store, threads, compile, vectorise)
     }
 )
 
@@ -70,7 +64,7 @@ class FederatedSummary(Callback):
     model, wall time and bytes communicated down and up. Keys: ``final_global_<m>``,
     ``best_global_<m>``, ``client_<m>`` with ``<m>`` = ``metric`` (``acc`` or ``o_f1``), the
     strategy's last reported scalars under their own keys (``privacy/epsilon``, ... with the
-    :class:`~fl_lightning.strategies.DP` plug-in), how ``model.vectorize`` ran (``vectorize/batched``,
+    :class:`~fl_lightning.strategies.DP` plug-in), how ``model.runtime.vectorize`` ran (``vectorize/batched``,
     ``vectorize/speedup``, ``vectorize/group_size``, ``vectorize/fused_sgd``: see
     :mod:`fl_lightning.engine.calibrate`), ``global_split``: the split the global
     numbers are on (``"validation"`` with ``data.val_fraction > 0``, else ``"test"``; evaluate a
@@ -447,7 +441,7 @@ def summarize(
     if reported:  # the strategy's scalars after its last reporting round, e.g. privacy/epsilon
         out.update(reported)
     vectorize = next((r.vectorize for r in reversed(history) if r.vectorize), {})
-    out.update(vectorize)  # how model.vectorize ran (vectorize/batched, vectorize/speedup, ...)
+    out.update(vectorize)  # how model.runtime.vectorize ran (vectorize/batched, vectorize/speedup, ...)
     vals = [m[metric] for m in per_client.values() if metric in m]
     if vals:
         spread = client_spread(vals)

@@ -1,5 +1,6 @@
-"""Former spellings, read as the current ones: ``data.dataset`` from before datasets were classes, and the
-round policy's fields from before the policy was its own object.
+"""Former spellings, read as the current ones: ``data.dataset`` from before datasets were classes, the
+round policy's fields from before the policy was its own object, and the runtime's from before the runtime
+was its own object.
 
 Configs, recipes, command lines and the ``config.yaml`` of earlier runs name a dataset by its registry
 name and give its options in a field of the data module named after it; both keep working:
@@ -31,22 +32,52 @@ given inside the system model; those spellings keep working too:
   ``config.yaml`` is ``model: {system: {class_path: ..., init_args: {...}}, round_policy: {deadline_s: 30}}``
   (:func:`~fl_lightning.engine.system.policy.upgrade_model`, which ``FederatedModule.load_from_checkpoint``
   applies to a checkpoint's saved arguments too).
+
+The runtime (``model.runtime``, :class:`~fl_lightning.engine.runtime.Runtime`: ``state_memory_mb``,
+``state_dir``, ``threads_per_process``, ``compile``, ``vectorize``, ``vectorize_memory_gb``,
+``vectorize_cpu``) was given as arguments of the module itself; those spellings keep working too:
+
+* ``--model.<field>=<v>`` and ``--model.<field> <v>`` are ``--model.runtime.<field>=<v>``
+  (:func:`upgrade_runtime_args`);
+* ``model: {vectorize: auto, threads_per_process: 1}`` in a config file, a run's ``config.yaml`` or a
+  checkpoint's saved arguments is ``model: {runtime: {vectorize: auto, threads_per_process: 1}}``
+  (:func:`~fl_lightning.engine.runtime.upgrade_model`; both sections' upgrades are
+  :func:`~fl_lightning.engine.config.upgrade_model_section`).
+
+The command line's three rewrites walk it with one iterator (:func:`options`, :func:`rewrite_options`).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import yaml
 
 from fl_lightning.data.datasets import DATASETS, SYNTHETIC, DatasetSource, is_synthetic
+from fl_lightning.engine.config import upgrade_model_section
+from fl_lightning.engine.runtime import FIELDS as RUNTIME_FIELDS
+from fl_lightning.engine.runtime import Runtime
 from fl_lightning.engine.system.policy import FIELDS as POLICY_FIELDS
 from fl_lightning.engine.system.policy import RoundPolicy, upgrade_model
 
-__all__ = ["former_fields", "upgrade_args", "upgrade_config", "upgrade_data", "upgrade_policy_args"]
+__all__ = [
+    "Option",
+    "former_fields",
+    "options",
+    "policy_defaults",
+    "rewrite_options",
+    "runtime_defaults",
+    "upgrade_args",
+    "upgrade_config",
+    "upgrade_data",
+    "upgrade_dataset_args",
+    "upgrade_policy_args",
+    "upgrade_runtime_args",
+]
 
 #: The subcommands whose section of a root-level config file may hold a ``data`` section.
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -132,7 +163,7 @@ def _upgrade_sections(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("data"), dict):
         out["data"] = upgrade_data(out["data"])
     if isinstance(out.get("model"), dict):
-        out["model"] = upgrade_model(out["model"])
+        out["model"] = upgrade_model_section(out["model"])
     return out
 
 
@@ -147,10 +178,72 @@ def _split_option(args: list[str], i: int) -> tuple[str, str | None, int]:
     return token[2:], None, 1
 
 
+@dataclass(frozen=True)
+class Option:
+    """One item of a command line: an option split into its name and value, or any other token.
+
+    Attributes:
+        tokens: The item as given (``["--k=v"]``, ``["--k", "v"]``, or one other token).
+        key: The option's name without its dashes (``model.vectorize``); None for a token that is not one of
+            the options asked for.
+        value: Its value (None: given without one).
+    """
+
+    tokens: tuple[str, ...]
+    key: str | None = None
+    value: str | None = None
+
+    def spelled(self, key: str) -> str:
+        """This option's value given to ``key`` instead: ``--<key>=<value>`` (``--<key>`` without a value)."""
+        return f"--{key}" + ("" if self.value is None else f"={self.value}")
+
+
+def options(args: list[str], prefixes: tuple[str, ...]) -> Iterator[Option]:
+    """``args`` item by item: an option whose token starts with one of ``prefixes`` (``--model.system``)
+    split into name and value (``--k=v``, or ``--k v`` where the next token is not an option), every other
+    token as it is."""
+    i = 0
+    while i < len(args):
+        token = str(args[i])
+        if not token.startswith(prefixes):
+            yield Option((token,))
+            i += 1
+            continue
+        key, value, used = _split_option(args, i)
+        yield Option(tuple(str(a) for a in args[i : i + used]), key, value)
+        i += used
+
+
+def rewrite_options(
+    args: list[str], prefixes: tuple[str, ...], rewrite: Callable[[Option], list[str] | None]
+) -> list[str]:
+    """``args`` with each option under ``prefixes`` (:func:`options`) replaced by the tokens ``rewrite``
+    makes of it, in place (None: kept as given); a command line without such options as it is."""
+    if not any(str(a).startswith(prefixes) for a in args):
+        return list(args)
+    out: list[str] = []
+    for option in options(args, prefixes):
+        new = None if option.key is None else rewrite(option)
+        out += list(option.tokens) if new is None else new
+    return out
+
+
 def upgrade_args(args: list[str]) -> list[str]:
     """A command line with the former spellings read as the current ones (see the module): the dataset's
-    (:func:`upgrade_dataset_args`) and the round policy's (:func:`upgrade_policy_args`)."""
-    return upgrade_policy_args(upgrade_dataset_args(args))
+    (:func:`upgrade_dataset_args`), the round policy's (:func:`upgrade_policy_args`) and the runtime's
+    (:func:`upgrade_runtime_args`)."""
+    return upgrade_runtime_args(upgrade_policy_args(upgrade_dataset_args(args)))
+
+
+def upgrade_runtime_args(args: list[str]) -> list[str]:
+    """A command line with the runtime's fields given to the module itself as ``model.runtime``'s:
+    ``--model.<field>=<v>`` (or ``--model.<field> <v>``) becomes ``--model.runtime.<field>=<v>`` in place."""
+
+    def rewrite(option: Option) -> list[str] | None:
+        name = str(option.key).removeprefix("model.")
+        return [option.spelled(f"{Runtime.field}.{name}")] if name in RUNTIME_FIELDS else None
+
+    return rewrite_options(args, tuple(f"--model.{f}" for f in RUNTIME_FIELDS), rewrite)
 
 
 def _option_value(value: Any) -> str:
@@ -165,26 +258,17 @@ def upgrade_policy_args(args: list[str]) -> list[str]:
     mapping given to ``--model.system`` or ``--model.system.init_args`` (JSON or YAML) loses its policy
     fields, which follow it as ``--model.round_policy.<field>=<v>``.
     """
-    if not any(str(a).startswith("--model.system") for a in args):
-        return list(args)
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        token = str(args[i])
-        if not token.startswith("--model.system"):
-            out.append(token)
-            i += 1
-            continue
-        key, value, used = _split_option(args, i)
+
+    def rewrite(option: Option) -> list[str] | None:
+        key, value = str(option.key), option.value
         name = key.removeprefix("model.system.").removeprefix("init_args.")
         if key.startswith("model.system.") and name in POLICY_FIELDS:
-            out.append(f"--model.round_policy.{name}" + ("" if value is None else f"={value}"))
-        elif key in ("model.system", "model.system.init_args") and value is not None and "{" in value:
-            out += _split_system_value(key, value) or [str(a) for a in args[i : i + used]]
-        else:
-            out += [str(a) for a in args[i : i + used]]
-        i += used
-    return out
+            return [option.spelled(f"{RoundPolicy.field}.{name}")]
+        if key in ("model.system", "model.system.init_args") and value is not None and "{" in value:
+            return _split_system_value(key, value)
+        return None
+
+    return rewrite_options(args, ("--model.system",), rewrite)
 
 
 def _split_system_value(key: str, value: str) -> list[str] | None:
@@ -220,14 +304,11 @@ def upgrade_dataset_args(args: list[str]) -> list[str]:
     moved: list[tuple[str, str, str | None]] = []  # (former field, argument or "", value)
     last_dataset: int | None = None  # index in ``out`` after the last dataset option
     chosen: type[DatasetSource] | None = None  # the class the command line chooses, if it does
-    i = 0
-    while i < len(args):
-        token = str(args[i])
-        if not token.startswith("--data."):
-            out.append(token)
-            i += 1
+    for option in options(args, ("--data.",)):
+        key, value = option.key, option.value
+        if key is None:
+            out += option.tokens
             continue
-        key, value, used = _split_option(args, i)
         head, _, rest = key[len("data.") :].partition(".")
         if key == "data.dataset" and value is not None:
             named = _named(value)
@@ -237,15 +318,14 @@ def upgrade_dataset_args(args: list[str]) -> list[str]:
                 out += [f"--data.dataset.{k}={v}" for k, v in implied.items()]
                 chosen = cls
             else:
-                out += [str(a) for a in args[i : i + used]]
+                out += option.tokens
                 short = value.rsplit(".", 1)[-1]
                 chosen = next((c for c in DATASETS.values() if c.__name__ == short), chosen)
             last_dataset = len(out)
         elif head in fields and (rest or value is not None):
             moved.append((head, rest, value))
         else:
-            out += [str(a) for a in args[i : i + used]]
-        i += used
+            out += option.tokens
     extra = []
     for field, arg, value in moved:
         if chosen is not None and chosen is not fields[field]:
@@ -254,15 +334,20 @@ def upgrade_dataset_args(args: list[str]) -> list[str]:
             extra.append(f"--data.dataset.{arg}" + ("" if value is None else f"={value}"))
         elif value is not None and value.strip().lower() not in ("null", "none", "{}"):
             try:
-                options = json.loads(value)
+                given = json.loads(value)
             except ValueError:
-                options = None
-            if isinstance(options, dict):
-                extra.append("--data.dataset=" + json.dumps({"init_args": options}))
+                given = None
+            if isinstance(given, dict):
+                extra.append("--data.dataset=" + json.dumps({"init_args": given}))
     at = len(out) if last_dataset is None else last_dataset
     return out[:at] + extra + out[at:]
 
 
 def policy_defaults() -> dict[str, Any]:
     """``model.round_policy.<field>`` at its default, per field (a run without a policy has these)."""
-    return {f"model.round_policy.{k}": v for k, v in asdict(RoundPolicy()).items()}
+    return {f"{RoundPolicy.field}.{k}": v for k, v in asdict(RoundPolicy()).items()}
+
+
+def runtime_defaults() -> dict[str, Any]:
+    """``model.runtime.<field>`` at its default, per field (a run that sets none of them has these)."""
+    return {f"{Runtime.field}.{k}": v for k, v in asdict(Runtime()).items()}

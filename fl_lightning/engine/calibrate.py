@@ -6,7 +6,7 @@ network and the sizes: batching saves the per-operation overhead of many small s
 embeddings, small recurrent and convolutional layers), but a group's stacked weights do not stay in cache
 where one client's do (a hundred clients of the FedAvg paper's 2NN hold 63 MB of first-layer weights and
 every step reads and writes them all), and ``vmap``'s batched convolutions can be slower than plain ones.
-So with ``model.vectorize_cpu=measure`` (the default) a CPU process measures both on its first clients
+So with ``model.runtime.vectorize_cpu=measure`` (the default) a CPU process measures both on its first clients
 (:class:`CpuDecision`): it trains the first few clients of its first round one at a time (a tenth of a
 group, at least :data:`MIN_TIMED` and at most :data:`MAX_TIMED`), then a small probe group (as many
 clients, at least :data:`MIN_PROBE`), then, if the probe was faster, the rest of the round in groups,
@@ -39,9 +39,9 @@ written as batched matrix products per time step was slower still (hidden 64, 10
 client-step against 5 ms for ``aten::lstm`` one client at a time; hidden 256 is compute-bound, 65 ms per
 step one at a time, where batching cannot save the per-operation overhead it is for; the SmallCNN's
 convolutions as one grouped convolution measured 0.57x to 1.37x with the sizes). So on a CPU only
-the batched linear chain is measured; ``model.vectorize_cpu=batched`` batches the others anyway.
+the batched linear chain is measured; ``model.runtime.vectorize_cpu=batched`` batches the others anyway.
 
-Groups are of ``model.vectorize`` clients (within the memory budget). Smaller groups, whose weights
+Groups are of ``model.runtime.vectorize`` clients (within the memory budget). Smaller groups, whose weights
 would stay in cache across the local steps, were measured too and not worth it on the benchmarks'
 2-core machine: with a round's per-client work (upload, metrics, local evaluation) included, groups of
 4 to 100 clients of the 2NN took the same time per client-step within the noise of a shared machine
@@ -56,8 +56,8 @@ absent where the rule decided) and
 ``vectorize/fused_sgd`` (1 when the local SGD step ran fused into the batched backward, see
 :mod:`~fl_lightning.engine.batched`).
 
-``model.vectorize_cpu=batched`` or ``one_at_a_time`` pins the choice: a rerun that must take the same path
-bit for bit (batched and one-at-a-time results agree to float rounding, not bit for bit).
+``model.runtime.vectorize_cpu=batched`` or ``one_at_a_time`` pins the choice: a rerun that must take the same
+path bit for bit (batched and one-at-a-time results agree to float rounding, not bit for bit).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: ``model.vectorize_cpu`` values.
+#: ``model.runtime.vectorize_cpu`` values.
 CPU_MODES = ("measure", "batched", "one_at_a_time")
 #: Clients timed one at a time before any group: a tenth of the largest group, within these bounds.
 MIN_TIMED, MAX_TIMED = 2, 5
@@ -106,8 +106,8 @@ class CpuDecision:
     pinned; see the module docstring.
 
     Args:
-        mode: ``model.vectorize_cpu``: ``measure``, ``batched`` or ``one_at_a_time``.
-        largest: The clients per group (``model.vectorize`` within the memory budget).
+        mode: ``model.runtime.vectorize_cpu``: ``measure``, ``batched`` or ``one_at_a_time``.
+        largest: The clients per group (``model.runtime.vectorize`` within the memory budget).
     """
 
     def __init__(self, mode: str, largest: int) -> None:
@@ -208,8 +208,8 @@ class CpuDecision:
 
 
 def host_memory_budget() -> float | None:
-    """Bytes a CPU group may use without a ``model.vectorize_memory_gb``: :data:`HOST_MEMORY_FRACTION` of
-    the host's available memory (``MemAvailable`` of ``/proc/meminfo``, else the free physical pages);
+    """Bytes a CPU group may use without a ``model.runtime.vectorize_memory_gb``: :data:`HOST_MEMORY_FRACTION`
+    of the host's available memory (``MemAvailable`` of ``/proc/meminfo``, else the free physical pages);
     None where neither can be read."""
     try:
         with open("/proc/meminfo") as f:

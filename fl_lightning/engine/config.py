@@ -1,12 +1,16 @@
-"""How rounds run: the engine's configuration (``model.participation``, ``model.system``, ...)."""
+"""How rounds run: the engine's configuration (``model.participation``, ``model.system``, ...), and the
+``model`` config section's former spellings read as the current ones (:func:`upgrade_model_section`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from fl_lightning.engine import runtime
 from fl_lightning.engine.attack import SimulatedAttack
 from fl_lightning.engine.local import LocalConfig
-from fl_lightning.engine.system import RoundPolicy, SystemModel
+from fl_lightning.engine.system import RoundPolicy, SystemModel, policy
 from fl_lightning.errors import ConfigError, check_number
 
 
@@ -64,4 +68,18 @@ class EngineConfig:
         return self.local.seed
 
 
-__all__ = ["EngineConfig"]
+def upgrade_model_section(model: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``model`` config section (a config file's, a run's ``config.yaml``, a checkpoint's saved arguments)
+    with the former spellings as the current ones: the round policy's fields inside ``system``
+    (:func:`fl_lightning.engine.system.policy.upgrade_model`) and the runtime's at the section's own level
+    (:func:`fl_lightning.engine.runtime.upgrade_model`)."""
+    return runtime.upgrade_model(policy.upgrade_model(model))
+
+
+def upgrade_model_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat ``model.*`` hyperparameters (a checkpoint's) with the round policy's and the runtime's fields
+    under ``model.round_policy`` and ``model.runtime``, as a current checkpoint saves them."""
+    return runtime.upgrade_flat(policy.upgrade_flat(hparams))
+
+
+__all__ = ["EngineConfig", "upgrade_model_hparams", "upgrade_model_section"]

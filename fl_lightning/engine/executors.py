@@ -12,7 +12,7 @@ Evaluation of the clients' deployed models goes the same way
 
 - :class:`Sequential`: one client at a time on the work's worker (:func:`run_client`, the client path the
   Flower ClientApp runs too).
-- :class:`Vectorized`: groups of up to ``model.vectorize`` clients as one batched computation
+- :class:`Vectorized`: groups of up to ``model.runtime.vectorize`` clients as one batched computation
   (:mod:`fl_lightning.engine.vectorized`; on a CPU only where that is measured to pay,
   :mod:`fl_lightning.engine.calibrate`); a group trains one client at a time only for a declared reason
   (the strategy or model cannot be stacked, :func:`~fl_lightning.engine.vectorized.cannot_vectorize`, or a
@@ -123,13 +123,13 @@ class Vectorized(Sequential):
     """Groups of up to ``size`` consecutive clients trained as one batched computation.
 
     On a CPU, whether the groups train batched or one client at a time is measured on the run's first
-    clients (``model.vectorize_cpu=measure``, :class:`~fl_lightning.engine.calibrate.CpuDecision`) or
+    clients (``model.runtime.vectorize_cpu=measure``, :class:`~fl_lightning.engine.calibrate.CpuDecision`) or
     pinned (``batched``, ``one_at_a_time``); on an accelerator they train batched. The choice and its
     measurement are logged once and reported every round (:meth:`facts`).
 
     Args:
-        size: ``model.vectorize``: an integer, or ``"auto"``: every client of the round (this process's
-            share), as many as the memory budget allows.
+        size: ``model.runtime.vectorize``: an integer, or ``"auto"``: every client of the round (this
+            process's share), as many as the memory budget allows.
     """
 
     def __init__(self, size: int | str) -> None:
@@ -205,7 +205,7 @@ class Vectorized(Sequential):
             )
         except UnvectorizableError as err:  # a declared reason; any other error propagates
             self.notice(
-                f"model.vectorize: a group of {len(group)} clients was trained one at a time: {err}",
+                f"model.runtime.vectorize: a group of {len(group)} clients was trained one at a time: {err}",
                 key=f"runtime: {err}",
             )
             for cid in group:
@@ -291,7 +291,7 @@ class Vectorized(Sequential):
             return 1
         reason = cannot_vectorize(worker, work.strategy, work.local, work.precision)
         if reason is not None:
-            self.notice(f"model.vectorize={self.size}: clients train one at a time: {reason}")
+            self.notice(f"model.runtime.vectorize={self.size}: clients train one at a time: {reason}")
             return 1
         if self.max_group is None:
             largest = max(work.data, key=lambda d: d.num_samples)
@@ -300,7 +300,9 @@ class Vectorized(Sequential):
             self.max_group, note = group_size(
                 requested, worker, largest, local.batch_size, local.vectorize_memory_gb
             )
-            log.info("model.vectorize=%s: groups of up to %d clients (%s)", self.size, self.max_group, note)
+            log.info(
+                "model.runtime.vectorize=%s: groups of up to %d clients (%s)", self.size, self.max_group, note
+            )
         return min(self.max_group, len(work.clients))
 
     def _decision(self, work: Work, worker: ClientModule, size: int) -> CpuDecision | None:
@@ -310,14 +312,17 @@ class Vectorized(Sequential):
         if self.decision is None:
             self.decision = CpuDecision(work.local.vectorize_cpu, size)
             if self.decision.batched is False:
-                log.info("model.vectorize=%s: clients train one at a time (model.vectorize_cpu)", self.size)
+                log.info(
+                    "model.runtime.vectorize=%s: clients train one at a time (model.runtime.vectorize_cpu)",
+                    self.size,
+                )
             elif self.decision.measuring:
                 _, not_chain = linear_chain(worker.net)
                 why = runs_under_vmap(not_chain, module_device(worker), work.local, work.precision)
                 if why is not None:  # measured slower than one at a time on CPUs: see engine/calibrate.py
                     self.decision.rule(
                         f"a group would run under torch.func.vmap ({why}), which measured slower than one "
-                        "client at a time on CPUs (engine/calibrate.py); model.vectorize_cpu=batched "
+                        "client at a time on CPUs (engine/calibrate.py); model.runtime.vectorize_cpu=batched "
                         "batches it anyway"
                     )
                     self._decided(self.decision)
@@ -327,12 +332,14 @@ class Vectorized(Sequential):
         """Say the CPU's measured choice once, and drop the stacks it no longer needs."""
         if decision.batched:
             log.info(
-                "model.vectorize=%s: groups train batched on this CPU: %s", self.size, decision.describe()
+                "model.runtime.vectorize=%s: groups train batched on this CPU: %s",
+                self.size,
+                decision.describe(),
             )
         else:
             where = "" if decision.reason is not None else ", where batching does not pay"
             self.notice(
-                f"model.vectorize={self.size}: clients train one at a time on this CPU{where}: "
+                f"model.runtime.vectorize={self.size}: clients train one at a time on this CPU{where}: "
                 f"{decision.describe()}"
             )
             self.stacks.clear()
@@ -352,7 +359,7 @@ class Vectorized(Sequential):
             text = f"torch.func.vmap over the stacked parameters{why}"
         if text not in self._said:
             self._said.add(text)
-            log.info("model.vectorize: a group's forward and backward run as %s", text)
+            log.info("model.runtime.vectorize: a group's forward and backward run as %s", text)
 
     def facts(self) -> dict[str, float]:
         """The ``vectorize/*`` scalars of the round's record (see :mod:`~fl_lightning.engine.calibrate`)."""
@@ -464,8 +471,8 @@ class ProcessGroup(Executor):
 
 def default_executor(local: LocalConfig) -> Executor:
     """The executor of a run in this process: one client at a time, or vectorised groups
-    (``model.vectorize`` above 1 or auto); each process its share inside a ``torch.distributed`` process
-    group."""
+    (``model.runtime.vectorize`` above 1 or auto); each process its share inside a ``torch.distributed``
+    process group."""
     inner: Executor = Vectorized(local.vectorize) if local.vectorized else Sequential()
     return ProcessGroup(inner) if is_distributed() else inner
 

@@ -25,7 +25,7 @@ from fl_lightning.api.metrics import TaskMetrics
 from fl_lightning.api.strategy import Strategy
 from fl_lightning.api.types import ClientContext, ClientResult, LocalTraining
 from fl_lightning.data.federated import ClientData
-from fl_lightning.engine.calibrate import CPU_MODES
+from fl_lightning.engine.runtime import Runtime
 from fl_lightning.errors import ConfigError, check_number
 from fl_lightning.functional.sharpness import clip_grads_
 from fl_lightning.functional.tensor import (
@@ -49,8 +49,8 @@ SMALL_MODEL = 1_000_000
 def cpu_threads(model: nn.Module, requested: int | None, processes: int) -> int | None:
     """Intra-op threads for a CPU process that trains ``model`` (None: leave torch's default).
 
-    ``requested`` (``model.threads_per_process``) if given; else 1 when several CPU processes share the
-    machine (``processes > 1``: two processes of two threads on two cores oversubscribe them, a tiny
+    ``requested`` (``model.runtime.threads_per_process``) if given; else 1 when several CPU processes share
+    the machine (``processes > 1``: two processes of two threads on two cores oversubscribe them, a tiny
     model's step went from 0.3 ms to 30 ms) or when the model is small (below :data:`SMALL_MODEL`
     parameters: one thread was 13% faster on an idle machine and 9x faster on a busy one).
     """
@@ -204,7 +204,12 @@ def outputs_together(module: nn.Module, batches: Sequence[Any], precision: Any =
 
 @dataclass
 class LocalConfig:
-    """How much local work a client does and how (shared by all clients of a run)."""
+    """How much local work a client does and how (shared by all clients of a run).
+
+    ``compile`` and the ``vectorize*`` fields are the run's :class:`~fl_lightning.engine.runtime.Runtime`'s
+    (``model.runtime``), which ``FederatedModule`` gives here; the others are the module's arguments of the
+    same names.
+    """
 
     batch_size: int
     eval_batch_size: int = 512
@@ -238,29 +243,16 @@ class LocalConfig:
             hint = "or null: no clipping"
             check_number(self.grad_clip_norm, "model.grad_clip_norm", low=0, low_open=True, hint=hint)
         check_number(self.seed, "model.seed", low=0, hint="e.g. 0")
-        if self.compile not in (False, True, "default", "reduce-overhead", "max-autotune"):
-            raise ConfigError(
-                f"model.compile={self.compile!r} must be true, false or a torch.compile mode "
-                "(default, reduce-overhead, max-autotune)"
-            )
-        v = self.vectorize
-        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(
-                f"model.vectorize={v!r} must be an integer >= 1 (1: one client at a time) or auto"
-            )
-        if self.vectorize_cpu not in CPU_MODES:
-            raise ConfigError(
-                f"model.vectorize_cpu={self.vectorize_cpu!r} must be one of {', '.join(CPU_MODES)}"
-            )
-        if self.vectorize_memory_gb is not None:
-            hint = "or null: automatic"
-            check_number(
-                self.vectorize_memory_gb, "model.vectorize_memory_gb", low=0, low_open=True, hint=hint
-            )
+        Runtime(  # the runtime's own checks of the fields it gives (one line naming model.runtime.<field>)
+            compile=self.compile,
+            vectorize=self.vectorize,
+            vectorize_memory_gb=self.vectorize_memory_gb,
+            vectorize_cpu=self.vectorize_cpu,
+        )
 
     @property
     def vectorized(self) -> bool:
-        """Whether clients may train in vectorised groups (``model.vectorize`` auto or above 1)."""
+        """Whether clients may train in vectorised groups (``model.runtime.vectorize`` auto or above 1)."""
         return self.vectorize == "auto" or int(self.vectorize) > 1
 
     def compile_mode(self, device: torch.device) -> str | None:

@@ -104,8 +104,9 @@ class RoundRecord:
         train: The clients' training metrics of the round, merged by state (``train_loss``, ``train_acc``).
         sim: The simulated clock's view of the round (None: no simulated clock).
         strategy: The strategy's scalars after the round (``round_metrics``, e.g. ``privacy/epsilon``).
-        vectorize: How ``model.vectorize`` ran (``vectorize/*`` scalars).
-        vectorised_clients: Clients that trained in a vectorised group (None: ``model.vectorize`` off).
+        vectorize: How ``model.runtime.vectorize`` ran (``vectorize/*`` scalars).
+        vectorised_clients: Clients that trained in a vectorised group (None: ``model.runtime.vectorize``
+            off).
         peak_memory_gb: Peak device memory of the round (CUDA only).
         metrics: Evaluations after the round, filled in by whoever ran them: ``global/<m>`` (and per group
             ``global/group<g>/<m>``), ``global_train/<m>``, ``personal/<m>``.

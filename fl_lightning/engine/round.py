@@ -594,7 +594,7 @@ class Engine:
             train=dict(result.train_metrics),
             sim=sim,
             strategy=dict(self.strategy.round_metrics()),  # e.g. privacy/epsilon
-            vectorize=dict(facts),  # how the local work ran (model.vectorize)
+            vectorize=dict(facts),  # how the local work ran (model.runtime.vectorize)
             vectorised_clients=result.vectorised if local.vectorized else None,
             peak_memory_gb=result.peak_memory_gb,
             client_held_state=self.executor is not None and self.executor.state_held,

@@ -2,7 +2,7 @@
 
 The :class:`~fl_lightning.engine.executors.Vectorized` executor runs them.
 
-With ``model.vectorize=C`` the round trains up to ``C`` of its clients together on one device (a
+With ``model.runtime.vectorize=C`` the round trains up to ``C`` of its clients together on one device (a
 client's local step at the papers' batch sizes is launch-bound on a GPU; ``C`` clients cost about the
 kernel launches of one). A :class:`StackedWorker` holds every parameter as a leaf ``[C, *shape]``; its
 forward is :func:`torch.func.functional_call` of the client network under :func:`torch.func.vmap` over
@@ -25,7 +25,7 @@ done; the group's later steps do not touch them), its optimizer state, the round
 gradient clipping and persistent state. Its upload then runs as in the sequential round
 (:func:`finish_client`), on the worker loaded with its trained weights.
 
-With ``model.compile`` the group's forward is compiled (:meth:`StackedWorker.compile_forward`): the
+With ``model.runtime.compile`` the group's forward is compiled (:meth:`StackedWorker.compile_forward`): the
 vmapped :func:`~torch.func.functional_call` over the stacked parameters is one function compiled with
 ``torch.compile`` (its forward and, through AOTAutograd, its backward; a linear chain then runs it too);
 batches are then padded to the full batch size, so a ragged last batch keeps the compiled shapes.
@@ -134,7 +134,7 @@ def runs_under_vmap(not_chain: str, device: torch.device, config: LocalConfig, p
     if not chain_runs_on(device):
         return f"the batched linear chain runs on {', '.join(CHAIN_DEVICES)}, not {device.type}"
     if config.compile_mode(device) is not None:
-        return "model.compile is set (a compiled group runs under vmap)"
+        return "model.runtime.compile is set (a compiled group runs under vmap)"
     if _autocasts(precision, device):
         return "its training steps run under autocast"
     return None

@@ -274,7 +274,7 @@ def _federation(path: Path, run: RunBuilder, files: NodeFiles | None = None) -> 
     module.client.to(device)
     module.strategy.to(device)
     if device.type == "cpu":
-        threads = cpu_threads(module.client, module.threads_per_process, processes=1)
+        threads = cpu_threads(module.client, module.runtime.threads_per_process, processes=1)
         if threads is not None:
             torch.set_num_threads(threads)
     return Federation(path, module, data, device, files)

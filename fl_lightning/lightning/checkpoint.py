@@ -33,7 +33,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from fl_lightning.engine.system.policy import upgrade_flat
+from fl_lightning.engine.config import upgrade_model_hparams
 from fl_lightning.errors import ConfigError
 
 log = logging.getLogger("fl_lightning")
@@ -63,9 +63,9 @@ _NOT_TRAINING = frozenset(
     {
         "model.eval_clients_every",
         "model.eval_fraction",
-        "model.state_dir",
-        "model.state_memory_mb",
-        "model.threads_per_process",
+        "model.runtime.state_dir",
+        "model.runtime.state_memory_mb",
+        "model.runtime.threads_per_process",
     }
 )
 
@@ -390,7 +390,7 @@ def check_resume(module: LightningModule, checkpoint: dict[str, Any], fingerprin
     saved = fl.get("hparams")
     if saved is None or not trainer.is_global_zero:
         return
-    saved = upgrade_flat(saved)  # the round policy's fields, saved under model.system before
+    saved = upgrade_model_hparams(saved)  # the round policy's and runtime's fields, saved elsewhere before
     current = hyperparameters(module)
     changed = [
         f"{key} {saved.get(key, 'unset')} -> {current.get(key, 'unset')}"

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -28,14 +28,16 @@ from fl_lightning.data.federated import FederatedDataModule
 from fl_lightning.data.viz import counts_markdown, partition_heatmap
 from fl_lightning.defaults import lazy_default
 from fl_lightning.engine.attack import SimulatedAttack, as_attack
+from fl_lightning.engine.config import upgrade_model_section
 from fl_lightning.engine.executors import Executor, Sequential, default_executor
 from fl_lightning.engine.local import LocalConfig, cpu_threads
 from fl_lightning.engine.record import RoundRecord
 from fl_lightning.engine.round import Engine, EngineConfig, RoundListener, ServerStep
+from fl_lightning.engine.runtime import Runtime, as_runtime
 from fl_lightning.engine.state import ClientStateStore
 from fl_lightning.engine.system import RoundPolicy, SystemModel
-from fl_lightning.engine.system.policy import as_round_policy, upgrade_model
-from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.engine.system.policy import as_round_policy
+from fl_lightning.errors import ConfigError
 from fl_lightning.functional.tensor import to_device
 from fl_lightning.hparams import global_seed, rebuild, record_hyperparameters
 from fl_lightning.lightning.checkpoint import (
@@ -59,6 +61,7 @@ CLIENT_PREFIX = "z_client"
 _DEFAULT_CLIENT = lazy_default(ClientModule)
 _DEFAULT_STRATEGY = lazy_default(FedAvg)
 _DEFAULT_ROUND_POLICY = RoundPolicy()  # frozen: one shared default is safe
+_DEFAULT_RUNTIME = Runtime()  # frozen too
 
 
 class FederatedModule(LightningModule):
@@ -119,36 +122,11 @@ class FederatedModule(LightningModule):
         seed: Seed of client sampling and of every client's RNG stream (batch order, dropout). None: the
             run's one seed, that of the last ``lightning.seed_everything`` (0 if none was set), as on the
             command line, where it is ``seed_everything`` (linked; not a separate option).
-        state_memory_mb: Memory budget of the per-client state store in MiB; states of the least
-            recently trained clients beyond it are kept on disk (None: all in memory).
-        state_dir: Folder for spilled client states (default: a temporary folder).
-        threads_per_process: Intra-op threads of each CPU process. None sets 1 when several CPU
-            processes share the machine (``--trainer.devices N`` on CPU) or when the model is small
-            (fewer than 1M parameters: with two threads the zero-config run's rounds took 9x longer
-            than with one while other work kept the cores busy, and were 13% shorter on an idle
-            machine), and leaves torch's default otherwise. See benchmarks/scaling.py.
-        compile: Compile the clients' network with ``torch.compile`` (once per run; the strategy
-            hooks and the optimizer stay eager). ``true``: mode ``reduce-overhead`` on a GPU (CUDA
-            graphs, for the launch-bound small-batch steps of federated clients) and ``default`` on
-            CPU; or a mode name. Results equal eager training within float tolerance. With
-            ``vectorize`` > 1 the vectorised group's forward (vmap over the stacked parameters) is
-            compiled instead.
-        vectorize: Train up to this many of a round's clients together as one batched computation
-            (``torch.func.vmap`` over stacked parameters, or a batched linear chain; each process its own
-            share under DDP): the same results as one at a time within float tolerance, faster where a
-            client's small-batch step is launch-bound (GPUs) or overhead-bound (small clients on a CPU).
-            1 (default): one client at a time. ``auto``: all of the round's clients, as many as the memory
-            budget allows. Strategies or models that cannot be vectorised (see README, "Vectorised
-            clients") train one at a time with a one-line notice.
-        vectorize_memory_gb: Device memory budget in GiB of a vectorised group; the group size is
-            ``vectorize`` or fewer clients to fit (an estimate from the model size and one forward's
-            saved activations). None: 80% of the free memory of a CUDA device, half the host's available
-            memory on the CPU.
-        vectorize_cpu: On a CPU, ``measure`` (default): the first round times clients one at a time and
-            batched, and the run goes on the faster way (logged, and in ``summary.json`` as
-            ``vectorize/*``; a reading against batching is taken twice); a network that would batch
-            under vmap (not a linear chain) trains one at a time unmeasured; ``batched`` or
-            ``one_at_a_time`` pins the choice.
+        runtime: How the run executes, not what it trains (a :class:`~fl_lightning.Runtime`, or a mapping
+            of its fields): the client state store's memory budget and folder (``state_memory_mb``,
+            ``state_dir``), intra-op CPU threads (``threads_per_process``), ``torch.compile``
+            (``compile``) and vectorised clients (``vectorize``, ``vectorize_memory_gb``,
+            ``vectorize_cpu``); e.g. ``--model.runtime.vectorize=auto``.
     """
 
     def __init__(
@@ -169,21 +147,11 @@ class FederatedModule(LightningModule):
         tolerate_client_failures: bool = True,
         max_failed_rounds: int = 3,
         seed: int | None = None,
-        state_memory_mb: float | None = None,
-        state_dir: str | None = None,
-        threads_per_process: int | None = None,
-        compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
-        vectorize: int | Literal["auto"] = 1,
-        vectorize_memory_gb: float | None = None,
-        vectorize_cpu: Literal["measure", "batched", "one_at_a_time"] = "measure",
+        runtime: Runtime = _DEFAULT_RUNTIME,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
         seed = global_seed() if seed is None else seed
-        if state_memory_mb is not None:
-            check_number(state_memory_mb, "model.state_memory_mb", low=0, hint="or null for no limit")
-        if threads_per_process is not None and threads_per_process < 1:
-            raise ConfigError(f"model.threads_per_process={threads_per_process} must be >= 1 (or null)")
         if eval_clients_every < 0:
             raise ConfigError(f"model.eval_clients_every={eval_clients_every} must be >= 0")
         attack = as_attack(attack)
@@ -197,7 +165,8 @@ class FederatedModule(LightningModule):
         #: The round's policy (``model.round_policy``), which the system model applies.
         self.round_policy = as_round_policy(round_policy)
         self.seed = seed
-        self.threads_per_process = threads_per_process
+        #: How the run executes (``model.runtime``): state store, threads, compile, vectorised clients.
+        self.runtime = as_runtime(runtime)
         local = LocalConfig(  # the engine's configuration checks its own fields (one-line errors)
             batch_size=0,  # the data module's, set in setup
             local_epochs=local_epochs,
@@ -205,10 +174,10 @@ class FederatedModule(LightningModule):
             lr_decay=lr_decay,
             grad_clip_norm=grad_clip_norm,
             seed=seed,
-            compile=compile,
-            vectorize=vectorize,
-            vectorize_memory_gb=vectorize_memory_gb,
-            vectorize_cpu=vectorize_cpu,
+            compile=self.runtime.compile,
+            vectorize=self.runtime.vectorize,
+            vectorize_memory_gb=self.runtime.vectorize_memory_gb,
+            vectorize_cpu=self.runtime.vectorize_cpu,
         )
         config = EngineConfig(
             local,
@@ -221,8 +190,8 @@ class FederatedModule(LightningModule):
             system=system,
             round_policy=self.round_policy,
         )
-        budget = None if state_memory_mb is None else int(state_memory_mb * 2**20)
-        self.engine = Engine(self.client, self.strategy, config, ClientStateStore(budget, state_dir))
+        store = ClientStateStore(self.runtime.state_budget_bytes, self.runtime.state_dir)
+        self.engine = Engine(self.client, self.strategy, config, store)
         self.client_eval: dict[int, dict[str, float]] = {}
         #: The global model's metrics on each client's local test split at the last client evaluation (the
         #: same object as ``client_eval`` when the strategy deploys the global model itself).
@@ -246,6 +215,7 @@ class FederatedModule(LightningModule):
                 "client": self.client,
                 "strategy": self.strategy,
                 "round_policy": self.round_policy,
+                "runtime": self.runtime,
                 "seed": seed,
             },
         )
@@ -300,7 +270,7 @@ class FederatedModule(LightningModule):
         if self.global_metrics is not None:
             return
         if self.trainer.strategy.root_device.type == "cpu":
-            threads = cpu_threads(self.client, self.threads_per_process, self.trainer.num_devices)
+            threads = cpu_threads(self.client, self.runtime.threads_per_process, self.trainer.num_devices)
             if threads is not None:
                 torch.set_num_threads(threads)
         dm = self.datamodule
@@ -397,7 +367,9 @@ class FederatedModule(LightningModule):
         dm.to(self.device)
         self.engine.num_rounds = self.trainer.max_steps
         if self.engine.config.local.vectorized and self.device.type != "cuda":
-            log.info("model.vectorize: peak device memory (round/peak_memory_gb) is logged on CUDA only")
+            log.info(
+                "model.runtime.vectorize: peak device memory (round/peak_memory_gb) is logged on CUDA only"
+            )
         if self.global_step == 0:
             self._log_partition(dm)
 
@@ -685,7 +657,9 @@ class FederatedModule(LightningModule):
                 f"ckpt_path: {checkpoint_path} has no fl_lightning state; FederatedModule did not write it"
             )
         key = cls.CHECKPOINT_HYPER_PARAMS_KEY
-        module = rebuild(cls, checkpoint, checkpoint_path, key, "model", kwargs, upgrade=upgrade_model)
+        module = rebuild(
+            cls, checkpoint, checkpoint_path, key, "model", kwargs, upgrade=upgrade_model_section
+        )
         saved_net = fl.get("net")
         if saved_net is not None and "client" not in kwargs and saved_net != repr(module.client.net):
             net = type(module.client.net).__name__

@@ -5,11 +5,11 @@ Every run of a sweep is an ordinary ``python -m fl_lightning fit`` process in it
 ``lightning_logs/version_N-<row>-seed<k>/``, a row ``fedprox/dir0.1`` labelling it ``fedprox-dir0.1-seed1``:
 folders and TensorBoard runs read as the table's rows; its output in ``fit.log`` / ``fit.err``). ``--jobs N``
 runs N at a time (default: the machine's cores), each with ``cores // N`` intra-op threads (at least 1; as
-``--model.threads_per_process`` and ``OMP_NUM_THREADS``): N processes of several threads each on N cores
-oversubscribe them. Before any run starts, every row's arguments are parsed as ``fit`` parses them (a row
-``fit`` would refuse stops the sweep with ``fit``'s line). Started again, a sweep skips a run only when it is
-the run it would start now (the same resolved config, its summary covering ``trainer.max_steps``), resumes one
-of the same config that did fewer rounds from its ``last.ckpt`` (``--ckpt_path``), and runs one of another
+``--model.runtime.threads_per_process`` and ``OMP_NUM_THREADS``): N processes of several threads each on N
+cores oversubscribe them. Before any run starts, every row's arguments are parsed as ``fit`` parses them (a
+row ``fit`` would refuse stops the sweep with ``fit``'s line). Started again, a sweep skips a run only when it
+is the run it would start now (the same resolved config, its summary covering ``trainer.max_steps``), resumes
+one of the same config that did fewer rounds from its ``last.ckpt`` (``--ckpt_path``), and runs one of another
 config again beside it (:func:`inspect_run`); a failed run is tried again. At the end it writes
 ``<out>/results.md`` and ``<out>/results.csv`` (mean ± std over seeds per row) and prints the table. A failed
 run does not stop the others; the exit status is then 1 and the table marks the row.

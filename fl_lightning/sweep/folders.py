@@ -67,7 +67,7 @@ NOT_DIGESTED = (
     "trainer.default_root_dir",
     "trainer.enable_progress_bar",
     "trainer.max_steps",
-    "model.threads_per_process",
+    "model.runtime.threads_per_process",
     "data.root",
     "data.download",
 )
@@ -88,16 +88,19 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _digested(config: dict[str, Any]) -> dict[str, Any]:
     from fl_lightning.config.legacy import (  # (imports the data package: only when digesting)
         policy_defaults,
+        runtime_defaults,
         upgrade_config,
     )
 
     flat = flat_config(upgrade_config(config))  # a run's config.yaml may spell its dataset the former way
-    # The round policy at its defaults is the run without one (a config.yaml from before model.round_policy
-    # has none, or only some of its fields inside model.system).
-    default = policy_defaults()
+    # The round policy and the runtime at their defaults are the run without them (a config.yaml from before
+    # model.round_policy has none, or only some of its fields inside model.system; one from before
+    # model.runtime has its fields at the model's level, which upgrade_config moved there).
+    default = {**policy_defaults(), **runtime_defaults()}
     flat = {k: v for k, v in flat.items() if not (k in default and v == default[k])}
-    if flat.get("model.round_policy", 0) in (None, {}):
-        del flat["model.round_policy"]
+    for section in ("model.round_policy", "model.runtime"):
+        if flat.get(section, 0) in (None, {}):
+            del flat[section]
     return {k: v for k, v in flat.items() if not any(k == d or k.startswith(d + ".") for d in NOT_DIGESTED)}
 
 

@@ -67,7 +67,7 @@ def fit_command(
     cmd += [f"--name={run_name(run)}", "--trainer.enable_progress_bar=false"]
     cmd += [*sweep.args, *run.row.args, *extra]
     if threads is not None:
-        cmd.append(f"--model.threads_per_process={threads}")
+        cmd.append(f"--model.runtime.threads_per_process={threads}")
     cmd += [f"--seed_everything={run.seed}", f"--trainer.default_root_dir={shown(run.folder, sweep.root)}"]
     if ckpt is not None:
         cmd.append(f"--ckpt_path={shown(ckpt, sweep.root)}")

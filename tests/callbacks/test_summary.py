@@ -22,7 +22,7 @@ def test_flatten_config_names_classes_and_keeps_their_arguments():
                 },
             },
             "attack": None,
-            "state_dir": "/tmp/x",
+            "runtime": {"state_dir": "/tmp/x", "vectorize": 4},
         },
         "data": {"partition": {"class_path": "fl_lightning.data.IID"}, "num_clients": 8, "root": "data"},
         "extra": [1, 2],

@@ -1,12 +1,13 @@
-"""fl_lightning.config.legacy: data.dataset as spelled before datasets were classes, and the round policy as
-spelled inside model.system before it was its own object (model.round_policy), keep working."""
+"""fl_lightning.config.legacy: data.dataset as spelled before datasets were classes, the round policy as
+spelled inside model.system before it was its own object (model.round_policy), and the runtime's knobs as
+spelled at the model's own level before they were one object (model.runtime), keep working."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from fl_lightning.config.legacy import upgrade_args, upgrade_config, upgrade_data
+from fl_lightning.config.legacy import Option, options, upgrade_args, upgrade_config, upgrade_data
 
 FPS_DEFAULTS = {
     "alpha": 1.0,
@@ -225,3 +226,125 @@ def test_former_policy_spellings_resolve_as_the_round_policy_and_a_sweep_finds_o
     assert resolve([*stragglers, "--model.system.init_args.policy=partial"], False) == resolve(
         [*stragglers, "--model.round_policy.policy=partial"], False
     )
+
+
+# ---------------------------------------------------------------------------------------- the runtime
+RUNTIME_DEFAULTS = {
+    "state_memory_mb": None,
+    "state_dir": None,
+    "threads_per_process": None,
+    "compile": False,
+    "vectorize": 1,
+    "vectorize_memory_gb": None,
+    "vectorize_cpu": "measure",
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["fit", "--model.vectorize=auto", "--model.threads_per_process", "1", "--x=1"],
+            ["fit", "--model.runtime.vectorize=auto", "--model.runtime.threads_per_process=1", "--x=1"],
+        ),
+        (
+            ["--model.vectorize_cpu", "batched", "--model.vectorize_memory_gb=0.5", "--model.compile=true"],
+            [
+                "--model.runtime.vectorize_cpu=batched",
+                "--model.runtime.vectorize_memory_gb=0.5",
+                "--model.runtime.compile=true",
+            ],
+        ),
+        (
+            ["--model.state_memory_mb=64", "--model.state_dir", "/tmp/s", "--model.local_steps", "3"],
+            [
+                "--model.runtime.state_memory_mb=64",
+                "--model.runtime.state_dir=/tmp/s",
+                "--model.local_steps",
+                "3",
+            ],
+        ),
+        (  # with the other former spellings: each rewritten, in place
+            [
+                "--data.dataset=fedprox_synthetic",
+                "--model.system.deadline_s",
+                "30",
+                "--model.vectorize",
+                "4",
+                "--data.fedprox_synthetic.alpha=1",
+            ],
+            [
+                "--data.dataset=FedProxSynthetic",
+                "--data.dataset.alpha=1",
+                "--model.round_policy.deadline_s=30",
+                "--model.runtime.vectorize=4",
+            ],
+        ),
+        (  # the current spelling, a name that only starts like a field, and a value: as they are
+            ["--model.runtime.vectorize=4", "--model.vectorized=2", "--name", "--model.compile"],
+            ["--model.runtime.vectorize=4", "--model.vectorized=2", "--name", "--model.runtime.compile"],
+        ),
+    ],
+)
+def test_runtime_command_lines(args, expected):
+    assert upgrade_args(args) == expected
+
+
+def test_the_command_lines_options_are_read_by_one_iterator():
+    args = ["fit", "--model.vectorize", "4", "--model.system=Devices", "--model.compile", "--data.x", "1"]
+    assert list(options(args, ("--model.",))) == [
+        Option(("fit",)),
+        Option(("--model.vectorize", "4"), "model.vectorize", "4"),
+        Option(("--model.system=Devices",), "model.system", "Devices"),
+        Option(("--model.compile",), "model.compile", None),
+        Option(("--data.x",)),
+        Option(("1",)),
+    ]
+
+
+def test_a_former_config_with_the_runtime_at_the_models_level_is_model_runtime():
+    old = {"fit": {"model": {"vectorize": "auto", "participation": 0.5}}, "model": {"threads_per_process": 1}}
+    assert upgrade_config(old) == {
+        "fit": {"model": {"participation": 0.5, "runtime": {"vectorize": "auto"}}},
+        "model": {"runtime": {"threads_per_process": 1}},
+    }
+    new = {"model": {"runtime": {"vectorize": 4}, "participation": 0.5}}
+    assert upgrade_config(new) == new
+
+
+def test_former_runtime_spellings_resolve_as_model_runtime_and_a_sweep_finds_old_runs(tmp_path):
+    """The former flags (``=`` and space forms), a config file with the knobs at the model's level and the
+    config.yaml of a run written before model.runtime resolve to the config of the current spelling (the same
+    run), and the sweep's digest of such a config.yaml is the current one's (it finds the runs it did
+    before)."""
+    from fl_lightning.config import resolver
+    from fl_lightning.sweep.folders import config_digest
+
+    resolve = resolver()
+    given = {"vectorize": 4, "vectorize_cpu": "batched", "threads_per_process": 1, "state_memory_mb": 64.0}
+    new = resolve([f"--model.runtime.{k}={v}" for k, v in given.items()], False)
+    assert new["model"]["runtime"] == {**RUNTIME_DEFAULTS, **given}
+    assert not set(RUNTIME_DEFAULTS) & set(new["model"])
+    assert resolve([f"--model.{k}={v}" for k, v in given.items()], False) == new
+    assert resolve([a for k, v in given.items() for a in (f"--model.{k}", str(v))], False) == new
+    # a config file written with the former spelling
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"model": given}))
+    assert resolve([f"--config={path}"], False) == new
+    # a run's config.yaml from before: every knob at the model's level, no model.runtime
+    old = {
+        **new,
+        "model": {**{k: v for k, v in new["model"].items() if k != "runtime"}, **new["model"]["runtime"]},
+    }
+    assert config_digest(old) == config_digest(new)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert resolve([f"--config={path}"], False) == new
+    # the defaults spelled either way (or not at all) are the same run; another vectorize is not
+    plain = resolve([], False)
+    assert plain["model"]["runtime"] == RUNTIME_DEFAULTS
+    bare = {**plain, "model": {k: v for k, v in plain["model"].items() if k != "runtime"}}
+    assert config_digest(bare) == config_digest(plain)
+    assert config_digest(bare) != config_digest(resolve(["--model.vectorize=2"], False))
+    # threads are how the sweep runs a run, not which run: not in the digest, in either spelling
+    assert config_digest(resolve(["--model.threads_per_process=3"], False)) == config_digest(plain)

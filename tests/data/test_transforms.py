@@ -264,7 +264,7 @@ def test_strategies_read_the_clients_labels_as_it_sees_them():
 def test_sequential_and_vectorised_rounds_give_the_same_weights(tmp_path, transform):
     weights = []
     for vectorize in (1, 4):
-        module = make_module(FedAvg(), local_steps=None, local_epochs=1, vectorize=vectorize)
+        module = make_module(FedAvg(), local_steps=None, local_epochs=1, runtime={"vectorize": vectorize})
         trainer = make_trainer(tmp_path / str(vectorize), rounds=2)
         trainer.fit(module, datamodule=make_data(client_transform=transform()))
         weights.append(global_weights(module))

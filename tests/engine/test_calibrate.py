@@ -116,8 +116,10 @@ def test_the_host_budget_is_half_its_available_memory():
 
 
 def test_the_option_is_checked():
-    with pytest.raises(ConfigError, match="model.vectorize_cpu='fast' must be one of measure, batched"):
-        make_module(vectorize=4, vectorize_cpu="fast")
+    with pytest.raises(
+        ConfigError, match="model.runtime.vectorize_cpu='fast' must be one of measure, batched"
+    ):
+        make_module(runtime={"vectorize": 4, "vectorize_cpu": "fast"})
 
 
 class _Clock:
@@ -152,7 +154,7 @@ def _measured_run(tmp_path, monkeypatch, one: float, group: float, rounds: int =
     monkeypatch.setattr(executors, "CpuDecision", Timed)
     monkeypatch.setattr(executors, "run_client", one_client)
     monkeypatch.setattr(executors, "train_stacked", stacked)
-    module = make_module(FedAvg(), vectorize=4, vectorize_cpu="measure", local_steps=2)
+    module = make_module(FedAvg(), runtime={"vectorize": 4, "vectorize_cpu": "measure"}, local_steps=2)
     torch.manual_seed(0)
     module.client.net = MLP(in_features=64, num_classes=10, hidden=(16,))
     summary = FederatedSummary()
@@ -188,7 +190,7 @@ def test_a_measured_run_falls_back_to_one_at_a_time_and_says_so_once(tmp_path, m
     executor = module.engine.executor
     # rounds 0 and 1: 2 clients one at a time, then a group of 4 (measured twice); round 2 one at a time
     assert executor.counts == {"sequential": 2 + 2 + 6, "vectorised": 4 + 4}
-    notices = [r.getMessage() for r in caplog.records if "model.vectorize=4" in r.getMessage()]
+    notices = [r.getMessage() for r in caplog.records if "model.runtime.vectorize=4" in r.getMessage()]
     assert (
         len(notices) == 1
         and "clients train one at a time on this CPU, where batching does not pay" in notices[0]
@@ -201,12 +203,13 @@ def test_a_measured_run_falls_back_to_one_at_a_time_and_says_so_once(tmp_path, m
 
 def test_a_network_that_would_run_under_vmap_trains_one_at_a_time_unmeasured(tmp_path, caplog):
     """On a CPU, convolutions (and recurrent layers) batch only through vmap, measured slower: no probe."""
-    module = make_module(FedAvg(), vectorize=4, vectorize_cpu="measure", local_steps=2)  # the SmallCNN
+    runtime = {"vectorize": 4, "vectorize_cpu": "measure"}
+    module = make_module(FedAvg(), runtime=runtime, local_steps=2)  # the SmallCNN
     with caplog.at_level(logging.WARNING, logger="fl_lightning"):
         make_trainer(tmp_path, rounds=2).fit(module, datamodule=make_data(num_clients=6))
     executor = module.engine.executor
     assert executor.counts == {"sequential": 12, "vectorised": 0} and not executor.stacks
-    notices = [r.getMessage() for r in caplog.records if "model.vectorize=4" in r.getMessage()]
+    notices = [r.getMessage() for r in caplog.records if "model.runtime.vectorize=4" in r.getMessage()]
     assert (
         len(notices) == 1 and "clients train one at a time on this CPU: a group would run under" in notices[0]
     )

@@ -136,8 +136,8 @@ def test_two_processes_with_vectorised_clients_match_one_sequential_process(tmp_
         tmp_path / "two",
         2,
         "--model.strategy=Scaffold",
-        "--model.vectorize=4",
-        "--model.vectorize_cpu=batched",
+        "--model.runtime.vectorize=4",
+        "--model.runtime.vectorize_cpu=batched",
     )
     _assert_same_run(one, two)
     # the process with 2 of the round's 3 clients trained them as one group, every round

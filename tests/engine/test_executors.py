@@ -191,7 +191,7 @@ def test_vectorized_falls_back_with_one_notice_per_run(caplog):
     with caplog.at_level(logging.WARNING, logger="fl_lightning"):
         list(executor.train(work))
         list(executor.train(dataclasses.replace(work, round=2)))
-    notices = [r.getMessage() for r in caplog.records if "model.vectorize=4" in r.getMessage()]
+    notices = [r.getMessage() for r in caplog.records if "model.runtime.vectorize=4" in r.getMessage()]
     assert len(notices) == 1 and "FedPer does not declare vectorizable local terms" in notices[0]
     assert executor.counts == {"sequential": 6, "vectorised": 0} and len(executor.notices) == 1
 

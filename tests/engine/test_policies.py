@@ -175,7 +175,7 @@ def _flower(folder: Path, args: list[str], ckpt: str | None) -> str:
 
 PATHS = {
     "one_process": (_in_process, []),
-    "vectorised": (_in_process, ["--model.vectorize=4", "--model.vectorize_cpu=batched"]),
+    "vectorised": (_in_process, ["--model.runtime.vectorize=4", "--model.runtime.vectorize_cpu=batched"]),
     "flower": (_flower, []),
     "two_processes": (_two_processes, []),
 }

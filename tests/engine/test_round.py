@@ -209,8 +209,8 @@ def test_aggregator_weights_by_samples_or_uniformly():
 
 
 def test_compile_is_validated_and_resolved_per_device():
-    with pytest.raises(ConfigError, match="model.compile"):
-        make_module(compile="fast")
+    with pytest.raises(ConfigError, match="model.runtime.compile"):
+        make_module(runtime={"compile": "fast"})
     from fl_lightning.engine.local import LocalConfig
 
     assert LocalConfig(8).compile_mode(torch.device("cpu")) is None
@@ -223,7 +223,7 @@ def test_compile_is_validated_and_resolved_per_device():
 def test_compiled_local_steps_match_eager(fit):
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
-    eager, compiled = make_module(FedAvg()), make_module(FedAvg(), compile=True)
+    eager, compiled = make_module(FedAvg()), make_module(FedAvg(), runtime={"compile": True})
     fit(eager, rounds=2)
     fit(compiled, rounds=2)
     assert getattr(compiled.worker, "_fl_compile_mode", None) == "default"  # compiled once, kept

@@ -1,5 +1,5 @@
-"""fl_lightning.engine.vectorized: model.vectorize trains a round's clients as one batched computation with
-the results of the sequential round (weights, per-client metrics, client state), or falls back to it with
+"""fl_lightning.engine.vectorized: model.runtime.vectorize trains a round's clients as one batched computation
+with the results of the sequential round (weights, per-client metrics, client state), or falls back to it with
 one notice."""
 
 import logging
@@ -104,6 +104,7 @@ def _fit(
     lr: float = 0.1,
     precision: str = "32-true",
     data_kw: dict | None = None,
+    runtime: dict | None = None,
     **kw,
 ):
     """``rounds`` rounds on 4 Dirichlet clients of unequal size: unequal step counts, ragged last batches,
@@ -114,7 +115,7 @@ def _fit(
         build() if build is not None else get_strategy(strategy, **STRATEGIES.get(strategy, {})),
         client_kw={"momentum": 0.9, "weight_decay": 1e-3, **kw.pop("client_kw", {})},
         **{"local_steps": None, "local_epochs": 1, "lr_decay": 0.9, **kw},
-        vectorize=vectorize,
+        runtime={"vectorize": vectorize, **(runtime or {})},
     )
     torch.manual_seed(0)
     module.client.net = _net(net)
@@ -243,7 +244,7 @@ def test_auto_trains_the_rounds_clients_together_within_the_memory_budget(tmp_pa
     vec = _fit(tmp_path, "FedAvg", "auto", "mlp", rounds=2, data_kw={"num_clients": 5})
     assert vec[0].engine.executor.max_group == 5 and _vectorised(vec[0])
     assert vec[0].history[-1].vectorize["vectorize/group_size"] == 5.0
-    small = _fit(tmp_path / "small", "FedAvg", "auto", "cnn", rounds=1, vectorize_memory_gb=1e-4)
+    small = _fit(tmp_path / "small", "FedAvg", "auto", "cnn", rounds=1, runtime={"vectorize_memory_gb": 1e-4})
     assert 1 <= small[0].engine.executor.max_group < 4  # ~100 KiB: fewer than the round's 4 clients
 
 
@@ -259,10 +260,10 @@ def test_vectorised_decomposed_layers_other_strategies(tmp_path, strategy):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["FedAvg", "FedSAM"])
 def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, monkeypatch, strategy):
-    """model.compile compiles the vmapped forward once per stack (a linear chain too: compiled, it runs
-    under vmap): after a compiled forward's first call, compiling it again (e.g. for a ragged last batch's
-    new shape) is an error (stance ``fail_on_recompile``) that the run does not survive, and the compiled
-    code is what ran (the profiler's "Torch-Compiled Region" events). Public torch APIs only:
+    """model.runtime.compile compiles the vmapped forward once per stack (a linear chain too: compiled, it
+    runs under vmap): after a compiled forward's first call, compiling it again (e.g. for a ragged last
+    batch's new shape) is an error (stance ``fail_on_recompile``) that the run does not survive, and the
+    compiled code is what ran (the profiler's "Torch-Compiled Region" events). Public torch APIs only:
     ``torch._dynamo``'s config and counters change between releases."""
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         pytest.skip("torch.compile on CPU needs a C++ compiler (g++/clang++) for inductor's generated code")
@@ -278,7 +279,7 @@ def test_compiled_vectorised_clients_equal_sequential_eager_clients(tmp_path, mo
     torch.compiler.reset()
     try:
         with torch.profiler.profile() as prof:
-            vec = _fit(tmp_path, strategy, 4, "mlp", rounds=2, compile=True)
+            vec = _fit(tmp_path, strategy, 4, "mlp", rounds=2, runtime={"compile": True})
     finally:
         torch.compiler.reset()
     assert any(e.name.startswith("Torch-Compiled Region") for e in prof.events())  # it ran compiled
@@ -392,7 +393,7 @@ def test_unsupported_runs_fall_back_with_one_notice(tmp_path, caplog, case, reas
             "fast_slow": lambda: FastSlow(FedAvg(), period=2),
             "plugin_of_unvectorised": lambda: Median(Momentum()),
         }.get(case, FedAvg)()
-        module = make_module(strategy, vectorize=vectorize)
+        module = make_module(strategy, runtime={"vectorize": vectorize})
         torch.manual_seed(0)
         if case in ("personal_atoms", "fast_slow"):
             module.client.net = _net("decomposed")
@@ -410,7 +411,7 @@ def test_unsupported_runs_fall_back_with_one_notice(tmp_path, caplog, case, reas
     seq = build(1)
     with caplog.at_level(logging.WARNING, logger="fl_lightning"):
         vec = build(4)
-    notices = [r.getMessage() for r in caplog.records if "model.vectorize=4" in r.getMessage()]
+    notices = [r.getMessage() for r in caplog.records if "model.runtime.vectorize=4" in r.getMessage()]
     assert len(notices) == 1 and reason in notices[0] and "\n" not in notices[0]
     assert vec.engine.executor.counts["vectorised"] == 0
     wa, wb = global_weights(seq), global_weights(vec)
@@ -428,7 +429,7 @@ def test_a_failing_client_is_excluded_as_in_the_sequential_round(tmp_path):
 
     runs = []
     for vectorize in (1, 4):
-        module = make_module(FailOn(), vectorize=vectorize)
+        module = make_module(FailOn(), runtime={"vectorize": vectorize})
         make_trainer(tmp_path / str(vectorize), rounds=2).fit(module, datamodule=make_data())
         runs.append(module)
     assert [r.failed for r in runs[1].history] == [0, 1] and _vectorised(runs[1])
@@ -452,7 +453,7 @@ def test_resume_mid_run_with_vectorised_clients(tmp_path):
         trainer.fit(module, datamodule=make_data(), ckpt_path=ckpt_path)
 
     def module(vectorize):
-        return make_module(get_strategy("Scaffold"), vectorize=vectorize, participation=0.75)
+        return make_module(get_strategy("Scaffold"), runtime={"vectorize": vectorize}, participation=0.75)
 
     full_seq = module(1)
     fit(tmp_path / "seq", full_seq, 4)
@@ -468,14 +469,14 @@ def test_resume_mid_run_with_vectorised_clients(tmp_path):
 # ------------------------------------------------------------------------------------ options
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
 def test_vectorize_must_be_a_positive_integer(bad):
-    with pytest.raises(ConfigError, match=r"model.vectorize=.* must be an integer >= 1 .* or auto"):
-        make_module(vectorize=bad)
+    with pytest.raises(ConfigError, match=r"model.runtime.vectorize=.* must be an integer >= 1 .* or auto"):
+        make_module(runtime={"vectorize": bad})
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
 def test_vectorize_memory_budget_must_be_positive(bad):
-    with pytest.raises(ConfigError, match="model.vectorize_memory_gb"):
-        make_module(vectorize=4, vectorize_memory_gb=bad)
+    with pytest.raises(ConfigError, match="model.runtime.vectorize_memory_gb"):
+        make_module(runtime={"vectorize": 4, "vectorize_memory_gb": bad})
 
 
 def test_memory_budget_bounds_the_group_size(tmp_path):
@@ -487,7 +488,7 @@ def test_memory_budget_bounds_the_group_size(tmp_path):
     size, note = group_size(8, worker, data.clients[0], 32, 1e-4)  # ~100 KiB: fewer than 8 fit
     assert 1 <= size < 8 and "MiB per client" in note
     assert group_size(8, worker, data.clients[0], 32, 100.0)[0] == 8
-    module = make_module(vectorize=4, vectorize_memory_gb=1e-6)  # 1 KiB: one client per group
+    module = make_module(runtime={"vectorize": 4, "vectorize_memory_gb": 1e-6})  # 1 KiB: one client per group
     make_trainer(tmp_path, rounds=1).fit(module, datamodule=make_data())
     assert module.engine.executor.max_group == 1 and module.engine.executor.counts["vectorised"] == 0
 
@@ -531,7 +532,7 @@ def test_vectorised_clients_equal_sequential_clients_on_cuda(tmp_path, strategy)
             client_kw={"momentum": 0.9, "weight_decay": 1e-3},
             local_steps=None,
             local_epochs=1,
-            vectorize=vectorize,
+            runtime={"vectorize": vectorize},
         )
         make_trainer(tmp_path / str(vectorize), rounds=3, accelerator="gpu").fit(
             module, datamodule=make_data()
@@ -561,7 +562,7 @@ def test_the_linear_chain_on_cuda_equals_sequential_clients(tmp_path, monkeypatc
             client_kw={"momentum": 0.9, "weight_decay": 0.0, **client_kw},
             local_steps=None,
             local_epochs=1,
-            vectorize=vectorize,
+            runtime={"vectorize": vectorize},
         )
         torch.manual_seed(0)
         module.client.net = _net("mlp2")
@@ -582,7 +583,8 @@ def test_the_linear_chain_on_cuda_equals_sequential_clients(tmp_path, monkeypatc
 @pytest.mark.cuda
 @pytest.mark.parametrize("strategy", ["FedAvg", "FedSAM"])
 def test_compiled_vectorised_clients_equal_sequential_eager_clients_on_cuda(tmp_path, strategy):
-    """model.compile=true on CUDA: the vmapped forward compiled with CUDA graphs ("reduce-overhead")."""
+    """model.runtime.compile=true on CUDA: the vmapped forward compiled with CUDA graphs
+    ("reduce-overhead")."""
 
     def fit(vectorize, compile):
         module = make_module(
@@ -590,8 +592,7 @@ def test_compiled_vectorised_clients_equal_sequential_eager_clients_on_cuda(tmp_
             client_kw={"momentum": 0.9, "weight_decay": 1e-3},
             local_steps=None,
             local_epochs=1,
-            vectorize=vectorize,
-            compile=compile,
+            runtime={"vectorize": vectorize, "compile": compile},
         )
         torch.manual_seed(0)
         module.client.net = _net("mlp")
@@ -625,7 +626,7 @@ def test_a_group_that_cannot_be_stacked_for_a_declared_reason_is_retrained_one_c
     runs = []
     with caplog.at_level(logging.WARNING, logger="fl_lightning"):
         for vectorize in (1, 4):
-            module = make_module(Unstackable(), vectorize=vectorize)
+            module = make_module(Unstackable(), runtime={"vectorize": vectorize})
             make_trainer(tmp_path / str(vectorize), rounds=2).fit(module, datamodule=make_data())
             runs.append(module)
     notices = [r.getMessage() for r in caplog.records if "trained one at a time" in r.getMessage()]
@@ -647,7 +648,7 @@ def test_any_other_error_of_a_stacked_group_propagates(tmp_path):
                 raise RuntimeError("a bug in the stacked hook")
             super().on_client_start(module, ctx)
 
-    module = make_module(Broken(), vectorize=4)
+    module = make_module(Broken(), runtime={"vectorize": 4})
     with pytest.raises(RuntimeError, match="a bug in the stacked hook"):
         make_trainer(tmp_path, rounds=1).fit(module, datamodule=make_data())
     assert module.history == []

@@ -10,6 +10,7 @@ import torch
 from flower_helpers import RECIPE
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
+from fl_lightning import Runtime
 from fl_lightning.engine.executors import Sequential
 from fl_lightning.errors import ConfigError
 from fl_lightning.flower import load_federation, require_flwr
@@ -59,11 +60,20 @@ def test_a_missing_extra_names_the_install_command():
 
 
 def test_a_node_engine_has_the_run_precision_and_runs_clients_one_at_a_time():
-    fed = load_federation(RECIPE, ["--trainer.precision=bf16-mixed", "--model.vectorize=2"])
+    fed = load_federation(RECIPE, ["--trainer.precision=bf16-mixed", "--model.runtime.vectorize=2"])
     precision = fed.module.engine.precision
     assert isinstance(precision, MixedPrecision) and precision.precision == "bf16-mixed"
     assert type(fed.executor) is Sequential and fed.executor is fed.module.engine.executor
     assert type(load_federation(RECIPE).module.engine.precision) is Precision  # 32-true, as fit's
+
+
+def test_a_node_reads_the_runtime_in_its_current_and_its_former_spelling():
+    """A Flower app's overrides (and its config) may spell the runtime at the model's level, as before
+    ``model.runtime``: the node's module runs with the same runtime, its threads included."""
+    new = cached_federation(RECIPE, ["--model.runtime.vectorize=2", "--model.runtime.threads_per_process=1"])
+    old = cached_federation(RECIPE, ["--model.vectorize=2", "--model.threads_per_process", "1"])
+    assert old.module.runtime == new.module.runtime == Runtime(vectorize=2, threads_per_process=1)
+    assert old.module.engine.config.local.vectorize == 2
 
 
 def test_node_precision_is_lightnings_choice_or_one_line():

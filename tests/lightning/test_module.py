@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -272,7 +273,7 @@ def test_cpu_threads_default_to_one_for_small_models(threads, width, expected, f
     a larger model keeps torch's default (no call)."""
     calls: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
-    module = make_module(width=width, threads_per_process=threads)
+    module = make_module(width=width, runtime={"threads_per_process": threads})
     assert (sum(p.numel() for p in module.client.parameters()) < 1_000_000) == (width == 4)
     fit(module, rounds=1)
     assert calls == expected
@@ -514,3 +515,43 @@ def test_load_from_checkpoint_of_a_strategy_that_sizes_its_state_in_setup(tmp_pa
     saved = torch.load(last, weights_only=True)["state_dict"]
     assert torch.equal(model.strategy.models, saved["strategy.models"])
     assert torch.equal(model.strategy.assigned, saved["strategy.assigned"])
+
+
+def test_a_checkpoint_that_saved_the_runtime_at_the_models_level_loads_and_resumes(tmp_path, caplog):
+    """A checkpoint written before ``model.runtime`` (its knobs as arguments of the module itself, in its
+    saved config, its flat hparams, or only in its run's config.yaml) rebuilds the same module and resumes
+    without a "changed hyperparameters" line."""
+    from fl_lightning import Runtime
+    from fl_lightning.lightning import federated_trainer
+    from fl_lightning.lightning.module import FederatedModule
+
+    runtime = Runtime(vectorize=2, vectorize_cpu="batched", threads_per_process=1, state_memory_mb=64.0)
+    fast = {"enable_progress_bar": False, "accelerator": "cpu", "devices": 1}
+    first = federated_trainer(max_steps=1, default_root_dir=tmp_path, **fast)
+    first.fit(_default_net_module(runtime=runtime), datamodule=make_data())
+    last = Path(first.log_dir) / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    hparams = saved[FederatedModule.CHECKPOINT_HYPER_PARAMS_KEY]
+    assert hparams["runtime"]["init_args"]["vectorize"] == 2  # the current form
+    # rewritten as before: the knobs among the module's own arguments
+    fields = hparams.pop("runtime")["init_args"]
+    hparams.update(fields)
+    flat = saved["fl_lightning"]["hparams"]
+    for name in fields:
+        flat[f"model.{name}"] = flat.pop(f"model.runtime.{name}")
+    torch.save(saved, last)
+
+    model = FederatedModule.load_from_checkpoint(last)
+    assert model.runtime == runtime and model.engine.config.local.vectorize == 2
+    resumed = federated_trainer(max_steps=2, default_root_dir=tmp_path, **fast)
+    with caplog.at_level("WARNING", logger="fl_lightning"):
+        resumed.fit(model, datamodule=make_data(), ckpt_path=str(last))
+    assert not [r for r in caplog.records if "changed hyperparameters" in r.getMessage()]
+    assert [r.round for r in model.history] == [0, 1]
+
+    # a checkpoint with no saved arguments: its run's config.yaml, written with the former spelling
+    del saved[FederatedModule.CHECKPOINT_HYPER_PARAMS_KEY]
+    torch.save(saved, last)
+    config = {"seed_everything": 0, "model": {"local_steps": 1, **fields}}
+    (last.parent.parent / "config.yaml").write_text(yaml.safe_dump(config))
+    assert FederatedModule.load_from_checkpoint(last).runtime == runtime

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from fl_lightning import Runtime
 from fl_lightning.api.client import ClientModule
 from fl_lightning.data import FederatedDataModule, NaturalUsers, Shakespeare
 from fl_lightning.errors import ConfigError
@@ -77,7 +78,8 @@ def tiny_text(tmp_path) -> FederatedDataModule:
 def _module(vectorize: int = 1) -> FederatedModule:
     torch.manual_seed(0)
     client = ClientModule(CharLSTM(hidden_size=16), lr=0.5, momentum=0.0)
-    return FederatedModule(client, FedAvg(), local_steps=3, vectorize=vectorize, vectorize_cpu="batched")
+    runtime = Runtime(vectorize=vectorize, vectorize_cpu="batched")
+    return FederatedModule(client, FedAvg(), local_steps=3, runtime=runtime)
 
 
 def test_next_character_accuracy_per_client_and_global(tmp_path):

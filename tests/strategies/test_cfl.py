@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
+from fl_lightning import Runtime
 from fl_lightning.api import RoundInfo, RunSpec
 from fl_lightning.api.client import ClientModule
 from fl_lightning.callbacks import FederatedSummary
@@ -194,8 +195,7 @@ def _permuted_module(vectorize: int = 1) -> FederatedModule:
         strategy=strategy,
         local_steps=None,
         local_epochs=2,
-        vectorize=vectorize,
-        vectorize_cpu="batched",
+        runtime=Runtime(vectorize=vectorize, vectorize_cpu="batched"),
     )
 
 

@@ -148,7 +148,7 @@ def test_vectorised_clients_equal_sequential_clients(tmp_path):
             local_steps=None,
             local_epochs=1,
             lr_decay=0.9,
-            vectorize=vectorize,
+            runtime={"vectorize": vectorize},
             client_kw={"momentum": 0.9, "weight_decay": 1e-3},
         )
         make_trainer(tmp_path / str(vectorize), rounds=2).fit(module, datamodule=make_data(batch_size=16))

@@ -9,6 +9,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
+from fl_lightning import Runtime
 from fl_lightning.api import RoundInfo
 from fl_lightning.api.client import ClientModule
 from fl_lightning.api.types import ClientContext
@@ -281,7 +282,7 @@ def test_recovers_the_groups_of_a_label_permutation(tmp_path):
 
 def test_vectorised_clients_fall_back_to_one_at_a_time_naming_the_reason(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="fl_lightning"):
-        module, _, _ = _permuted_run(tmp_path, IFCA(k=2, seed=0), rounds=1, vectorize=4)
+        module, _, _ = _permuted_run(tmp_path, IFCA(k=2, seed=0), rounds=1, runtime=Runtime(vectorize=4))
     assert module.engine.executor.counts["vectorised"] == 0
     assert any(
         "IFCA scores each cluster model on a client's own data" in r.getMessage() for r in caplog.records

@@ -27,7 +27,11 @@ def fake_config(argv: list[str]) -> dict:
     ``fit`` writes): the seed, ``trainer.max_steps`` (default 3) and the ``--model.*`` options; config
     files, folders and threads are left out, as :data:`fl_lightning.sweep.NOT_DIGESTED` leaves them out."""
     opts = dict(str(a)[2:].split("=", 1) for a in argv if str(a).startswith("--") and "=" in str(a))
-    model = {k[6:]: v for k, v in opts.items() if k.startswith("model.") and k != "model.threads_per_process"}
+    model = {
+        k[6:]: v
+        for k, v in opts.items()
+        if k.startswith("model.") and k != "model.runtime.threads_per_process"
+    }
     steps = int(opts.get("trainer.max_steps", 3))
     seed = int(opts.get("seed_everything", 0))
     return {"seed_everything": seed, "trainer": {"max_steps": steps}, "model": model}

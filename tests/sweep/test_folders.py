@@ -84,13 +84,13 @@ def test_config_digest_leaves_out_where_a_run_writes_and_how_the_sweep_runs_it()
     config = {
         "seed_everything": 1,
         "trainer": {"max_steps": 5, "default_root_dir": "a", "enable_progress_bar": False},
-        "model": {"threads_per_process": 1, "client": {"init_args": {"lr": 0.1}}},
+        "model": {"runtime": {"threads_per_process": 1}, "client": {"init_args": {"lr": 0.1}}},
         "data": {"root": "x", "download": False, "num_clients": 4},
         "ckpt_path": None,
     }
     same = json.loads(json.dumps(config))
     same["trainer"].update(max_steps=50, default_root_dir="b", enable_progress_bar=True)
-    same["model"]["threads_per_process"] = 2
+    same["model"]["runtime"]["threads_per_process"] = 2
     same["data"].update(root="y", download=True)
     same["ckpt_path"] = "last.ckpt"
     assert config_digest(same) == config_digest(config)

@@ -29,6 +29,7 @@ from fl_lightning.sweep import (
     collect,
     execute,
     expect,
+    inspect_run,
     load_sweep,
     main,
     run_sweep,
@@ -79,7 +80,7 @@ def test_runs_get_their_folders_seeds_threads_and_progress_lines_and_a_failure_d
         "--trainer.enable_progress_bar=false",
         "--model.acc=0.5",
         "--model.acc=0.8",
-        "--model.threads_per_process=2",  # 4 cores // 2 jobs
+        "--model.runtime.threads_per_process=2",  # 4 cores // 2 jobs
         "--seed_everything=1",
         "--trainer.default_root_dir=lightning_logs/sweeps/s/good/m/seed1",
     ]
@@ -144,7 +145,7 @@ def test_print_commands_lists_the_runs_to_do_with_resume_checkpoints(tmp_path, c
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     cd = f"cd {tmp_path / 'exp'} && OMP_NUM_THREADS=2 python -m fl_lightning fit --config=base.yaml "
-    base = "--trainer.enable_progress_bar=false --model.threads_per_process=2 "
+    base = "--trainer.enable_progress_bar=false --model.runtime.threads_per_process=2 "
     assert lines == [
         cd + "--name=r-seed1 " + base + f"--seed_everything=1 --trainer.default_root_dir={out}/seed1 "
         f"--ckpt_path={out}/seed1/lightning_logs/version_0/checkpoints/last.ckpt",
@@ -181,6 +182,34 @@ def test_row_arguments_fit_would_refuse_stop_the_sweep_before_any_run(
     with pytest.raises(SystemExit):
         main([str(path)])
     assert "row half (seed 0): model.participation=1.5 must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_row_and_a_run_folder_with_the_runtime_as_spelled_before_are_the_sweeps_runs(tmp_path, monkeypatch):
+    """A row that sets ``--model.vectorize=4`` (the runtime's knob before ``model.runtime``) is the run of
+    ``--model.runtime.vectorize=4``, and a run folder whose config.yaml has the knobs at the model's level
+    (written before) is that run, finished: a sweep started again finds what it did before."""
+    monkeypatch.setattr(runner, "resolver", REAL_RESOLVER)
+    rows = [
+        {"name": "new", "args": ["--model.runtime.vectorize=4", "--model.runtime.vectorize_cpu=batched"]},
+        {"name": "old", "args": ["--model.vectorize=4", "--model.vectorize_cpu=batched"]},
+    ]
+    sweep = load_sweep(write_sweep(tmp_path, {"args": ["--trainer.max_steps=3"], "rows": rows}))
+    new, old = expect(sweep, runs_of(sweep), [], build=False)
+    assert old.expected.digest == new.expected.digest
+    assert new.expected.config["model"]["runtime"]["vectorize"] == 4
+    config = new.expected.config
+    former = {**config, "model": {**config["model"], **config["model"]["runtime"]}}
+    del former["model"]["runtime"]  # the config.yaml of a run done before model.runtime
+    version = old.folder / "lightning_logs" / "version_0"
+    version.mkdir(parents=True)
+    (version / "config.yaml").write_text(yaml.safe_dump(former))
+    (version / "summary.json").write_text(json.dumps(summary(0.9, 0.9)))
+    state = inspect_run(old.folder, old.expected)
+    assert (state.kind, state.version) == ("finished", version)
+    former["model"]["vectorize"] = 2
+    (version / "config.yaml").write_text(yaml.safe_dump(former))
+    state = inspect_run(old.folder, old.expected)
+    assert state.kind == "rerun" and state.why == "its config differs: model.runtime.vectorize: 2 -> 4"
 
 
 @pytest.mark.slow
@@ -222,7 +251,7 @@ grid:
     assert config["name"] == "fedprox-lr0.05-seed1"
     assert config["seed_everything"] == 1 and config["model"]["client"]["init_args"]["lr"] == 0.05
     assert config["model"]["strategy"]["init_args"]["mu"] == 0.1
-    assert config["model"]["threads_per_process"] == max(1, runner.machine_cores() // 2)
+    assert config["model"]["runtime"]["threads_per_process"] == max(1, runner.machine_cores() // 2)
 
     second = sweep_cli(tmp_path, "s.yaml", "--jobs", "2")
     assert second.returncode == 0 and second.stdout.count(" skipped ") == 4 and " start " not in second.stdout
