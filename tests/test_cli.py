@@ -786,11 +786,12 @@ def test_last_ckpt_is_the_last_round_with_a_monitored_save_last_checkpoint(tmp_p
     assert "ModelCheckpoint(save_last=True) would rewrite last.ckpt only" in caplog.text
 
 
-def test_the_cli_installs_atomic_checkpoint_io_and_last_round_checkpoint():
-    cli = FederatedCLI(args=["--trainer.max_steps=1"], run=False)
+def test_the_cli_installs_atomic_checkpoint_io_and_last_round_checkpoint(tmp_path):
+    root = f"--trainer.default_root_dir={tmp_path}"
+    cli = FederatedCLI(args=["--trainer.max_steps=1", root], run=False)
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     assert sum(isinstance(c, LastRoundCheckpoint) for c in cli.trainer.callbacks) == 1
-    cli = FederatedCLI(args=["--trainer.enable_checkpointing=false"], run=False)
+    cli = FederatedCLI(args=["--trainer.enable_checkpointing=false", root], run=False)
     assert not [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
 
 
@@ -1177,8 +1178,9 @@ def test_runs_built_one_after_another_get_their_own_copy_of_the_parser(tmp_path)
     never shows in the next one's defaults."""
     from fl_lightning.config.run import _BUILT_PARSERS
 
-    first = FederatedCLI(args=["--data.num_clients=3", "--model.local_steps=2"], run=False)
-    second = FederatedCLI(args=[], run=False)
+    root = f"--trainer.default_root_dir={tmp_path}"
+    first = FederatedCLI(args=["--data.num_clients=3", "--model.local_steps=2", root], run=False)
+    second = FederatedCLI(args=[root], run=False)
     assert first.parser is not second.parser and _BUILT_PARSERS
     assert first.datamodule.num_clients == 3 and second.datamodule.num_clients == 10
     assert second.model.engine.config.local.local_steps is None

@@ -392,8 +392,9 @@ def test_the_zero_config_run_without_a_terminal_prints_a_few_lines(tmp_path):
     assert json.loads((run_folder(tmp_path) / "summary.json").read_text())["rounds"] == 40
 
 
-def test_a_summary_callback_in_the_config_replaces_the_default_one():
+def test_a_summary_callback_in_the_config_replaces_the_default_one(tmp_path):
     args = ["--trainer.max_steps=1", "--trainer.callbacks=fl_lightning.callbacks.FederatedSummary"]
+    args.append(f"--trainer.default_root_dir={tmp_path}")
     cli_ = FederatedCLI(args=[*args, "--model.strategy=FedProx"], run=False)
     (summary,) = [c for c in cli_.trainer.callbacks if isinstance(c, FederatedSummary)]  # printed once
     assert summary.hparams["model.strategy"] == "FedProx"
