@@ -1,9 +1,15 @@
-"""Errors raised for bad user input (configs, data, checkpoints) and a helper that checks numbers."""
+"""Errors raised for bad user input (configs, data, checkpoints) and helpers that check numbers and build a
+config object from its fields."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -72,3 +78,29 @@ def check_number(
 
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def as_fields_object(cls: type[T], value: Any, field: str, noun: str, example: str) -> T:
+    """``value`` as a ``cls`` (a dataclass of config fields, e.g. ``RoundPolicy``, ``Runtime``): itself, the
+    default for None, or built from a mapping of its fields (the command line's saved config of it, a
+    checkpoint's).
+
+    Raises:
+        ConfigError: one line naming ``<field>.<name>`` for a name ``cls`` does not have, or ``<field>`` for
+            a value that is neither (``example`` shows how to write one).
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"{field}.{unknown[0]} is not a field of the {noun}; use one of " + ", ".join(names)
+            )
+        return cls(**value)
+    raise ConfigError(
+        f"{field}={value!r} must be a {cls.__name__} (e.g. {example}) or a mapping of its fields"
+    )

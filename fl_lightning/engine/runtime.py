@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from fl_lightning.engine.calibrate import CPU_MODES
-from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.errors import ConfigError, as_fields_object, check_number
 
 #: The ``torch.compile`` modes ``compile`` takes besides true/false.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -122,21 +122,7 @@ def as_runtime(value: Runtime | Mapping[str, Any] | None) -> Runtime:
     Raises:
         ConfigError: one line for a field it does not have, or a value that is not a runtime.
     """
-    if value is None:
-        return Runtime()
-    if isinstance(value, Runtime):
-        return value
-    if isinstance(value, Mapping):
-        unknown = sorted(set(value) - set(FIELDS))
-        if unknown:
-            raise ConfigError(
-                f"{Runtime.field}.{unknown[0]} is not a field of the runtime; use one of " + ", ".join(FIELDS)
-            )
-        return Runtime(**value)
-    raise ConfigError(
-        f"{Runtime.field}={value!r} must be a Runtime (e.g. Runtime(vectorize='auto')) or a mapping of its "
-        "fields"
-    )
+    return as_fields_object(Runtime, value, Runtime.field, "runtime", "Runtime(vectorize='auto')")
 
 
 def upgrade_model(model: Mapping[str, Any]) -> dict[str, Any]:

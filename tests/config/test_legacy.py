@@ -4,10 +4,13 @@ spelled at the model's own level before they were one object (model.runtime), ke
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 import yaml
 
 from fl_lightning.config.legacy import Option, options, upgrade_args, upgrade_config, upgrade_data
+from fl_lightning.engine.runtime import Runtime
 
 FPS_DEFAULTS = {
     "alpha": 1.0,
@@ -229,15 +232,7 @@ def test_former_policy_spellings_resolve_as_the_round_policy_and_a_sweep_finds_o
 
 
 # ---------------------------------------------------------------------------------------- the runtime
-RUNTIME_DEFAULTS = {
-    "state_memory_mb": None,
-    "state_dir": None,
-    "threads_per_process": None,
-    "compile": False,
-    "vectorize": 1,
-    "vectorize_memory_gb": None,
-    "vectorize_cpu": "measure",
-}
+RUNTIME_DEFAULTS = asdict(Runtime())  # the knobs at their defaults (tests/engine/test_runtime.py: as before)
 
 
 @pytest.mark.parametrize(

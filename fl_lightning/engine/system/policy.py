@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from fl_lightning.errors import ConfigError, check_number
+from fl_lightning.errors import ConfigError, as_fields_object, check_number
 
 
 @dataclass(frozen=True)
@@ -91,21 +91,8 @@ def as_round_policy(value: RoundPolicy | Mapping[str, Any] | None) -> RoundPolic
     Raises:
         ConfigError: one line for a field it does not have, or a value that is not a policy.
     """
-    if value is None:
-        return RoundPolicy()
-    if isinstance(value, RoundPolicy):
-        return value
-    if isinstance(value, Mapping):
-        unknown = sorted(set(value) - set(FIELDS))
-        if unknown:
-            raise ConfigError(
-                f"{RoundPolicy.field}.{unknown[0]} is not a field of the round policy; use one of "
-                + ", ".join(FIELDS)
-            )
-        return RoundPolicy(**value)
-    raise ConfigError(
-        f"{RoundPolicy.field}={value!r} must be a RoundPolicy (e.g. RoundPolicy(deadline_s=30)) or a "
-        "mapping of its fields"
+    return as_fields_object(
+        RoundPolicy, value, RoundPolicy.field, "round policy", "RoundPolicy(deadline_s=30)"
     )
 
 
