@@ -270,3 +270,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"ckpt_path: {file} is not a Lightning checkpoint; give a .ckpt file written by `fit`"
         )
     return checkpoint
+
+
+def move_flat_fields(
+    hparams: Mapping[str, Any], head: str, fields: tuple[str, ...], to: str
+) -> dict[str, Any]:
+    """Flat hyperparameters (a checkpoint's) with ``<head>.<f>`` renamed ``<to>.<f>`` for each ``f`` in
+    ``fields`` (a spelling from before those fields were one object); a key already spelled ``<to>.<f>`` wins.
+    """
+    out: dict[str, Any] = {}
+    for key, value in hparams.items():
+        prefix, _, name = key.rpartition(".")
+        if prefix == head and name in fields:
+            out.setdefault(f"{to}.{name}", value)
+        else:
+            out[key] = value
+    return out

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 
 from fl_lightning.engine.calibrate import CPU_MODES
 from fl_lightning.errors import ConfigError, as_fields_object, check_number
+from fl_lightning.hparams import move_flat_fields
 
 #: The ``torch.compile`` modes ``compile`` takes besides true/false.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -142,14 +143,7 @@ def upgrade_model(model: Mapping[str, Any]) -> dict[str, Any]:
 def upgrade_flat(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``{"model.vectorize": 4, ...}`` hyperparameters (a checkpoint's, for the resume's "changed
     hyperparameters" line) with the runtime's fields under ``model.runtime``."""
-    out: dict[str, Any] = {}
-    for key, value in hparams.items():
-        head, _, name = key.rpartition(".")
-        if head == "model" and name in FIELDS:
-            out.setdefault(f"{Runtime.field}.{name}", value)
-        else:
-            out[key] = value
-    return out
+    return move_flat_fields(hparams, "model", FIELDS, Runtime.field)
 
 
 __all__ = ["FIELDS", "Runtime", "as_runtime", "upgrade_flat", "upgrade_model"]

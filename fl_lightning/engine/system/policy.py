@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from fl_lightning.errors import ConfigError, as_fields_object, check_number
+from fl_lightning.hparams import move_flat_fields
 
 
 @dataclass(frozen=True)
@@ -121,14 +122,7 @@ def upgrade_model(model: Mapping[str, Any]) -> dict[str, Any]:
 def upgrade_flat(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``{"model.system.deadline_s": 30, ...}`` hyperparameters (a checkpoint's, for the resume's
     "changed hyperparameters" line) with the policy's fields under ``model.round_policy``."""
-    out: dict[str, Any] = {}
-    for key, value in hparams.items():
-        head, _, name = key.rpartition(".")
-        if head == "model.system" and name in FIELDS:
-            out.setdefault(f"model.round_policy.{name}", value)
-        else:
-            out[key] = value
-    return out
+    return move_flat_fields(hparams, "model.system", FIELDS, RoundPolicy.field)
 
 
 __all__ = ["FIELDS", "RoundPolicy", "as_round_policy", "upgrade_flat", "upgrade_model"]
