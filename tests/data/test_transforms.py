@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ from fl_lightning.runs import latest_run
 from fl_lightning.strategies import FedAvg, FedGen
 
 from conftest import FORK, global_weights, make_data, make_module, make_trainer
+from programs import run_program
 
 
 def _data(transform, num_clients: int = 4, **kw) -> FederatedDataModule:
@@ -350,23 +349,8 @@ def _flower(folder: Path, config: Path) -> None:
 
 def _two_processes(folder: Path, config: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "fl_lightning",
-        "fit",
-        f"--config={config}",
-        *PATH_ARGS,
-        "--trainer.devices=2",
-        FORK,
-    ]
-    proc = subprocess.run(
-        [*cmd, f"--trainer.default_root_dir={folder}"],
-        cwd=folder.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    cmd = ["fit", f"--config={config}", *PATH_ARGS, "--trainer.devices=2", FORK]
+    proc = run_program([*cmd, f"--trainer.default_root_dir={folder}"], cwd=folder.parent, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

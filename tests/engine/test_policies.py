@@ -13,8 +13,6 @@ two-process column is ``slow``.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from fl_lightning.errors import RunError
 from fl_lightning.runs import latest_run
 
 from conftest import FORK
+from programs import run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -142,9 +141,8 @@ def _two_processes(folder: Path, args: list[str], ckpt: str | None) -> str:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    cmd = [sys.executable, "-m", "fl_lightning", "fit", *args, "--trainer.devices=2", FORK]
-    cmd += [f"--ckpt_path={ckpt}"] if ckpt else []
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    cmd = ["fit", *args, "--trainer.devices=2", FORK, *([f"--ckpt_path={ckpt}"] if ckpt else [])]
+    proc = run_program(cmd, cwd=ROOT, env=env, timeout=300)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     assert (proc.returncode == 1) == bool(lines), proc.stderr[-3000:]

@@ -2,8 +2,6 @@
 run that splits a label-permuted federation into its two groups (one at a time, vectorised, resumed)."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from fl_lightning.strategies import DP, Attack, FineTune, Krum, get_strategy, li
 from fl_lightning.strategies.cfl import CFL, META
 
 from conftest import FORK, make_data, make_trainer, run_folder
+from programs import run_program
 
 D = torch.tensor([1.0, 2.0, -1.0, 0.5])  # the two groups' opposing direction
 
@@ -284,8 +283,7 @@ def cli_run(folder: Path, devices: int, *extra: str) -> dict:
         main(args)
     else:
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}", FORK]
-        proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        proc = run_program([*args, f"--trainer.devices={devices}", FORK], cwd=folder, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = next((run_folder(folder) / "checkpoints").glob("*.ckpt"))
     return torch.load(ckpt, weights_only=False)

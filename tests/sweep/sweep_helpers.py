@@ -19,6 +19,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fl_lightning.sweep import Expected, command, config_digest, runner
 
+from programs import run_program
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -180,15 +182,9 @@ data:
 
 
 def sweep_cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "fl_lightning", "sweep", *args],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    """``python -m fl_lightning sweep *args`` in ``folder`` (forked, :mod:`programs`; the runs it starts
+    are real ``python -m fl_lightning fit`` processes)."""
+    return run_program(["sweep", *args], cwd=folder, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
 
 
 @pytest.fixture

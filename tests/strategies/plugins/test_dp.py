@@ -3,7 +3,6 @@
 import json
 import logging
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from fl_lightning.lightning.checkpoint import LastRoundCheckpoint
 from fl_lightning.strategies import DP, FedAvg, Median, Scaffold, get_strategy
 
 from conftest import FORK, global_weights, make_data, make_module, make_trainer, run_folder
+from programs import run_program
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "dp" / "dp_fedavg_digits.yaml"
 D_IN, D_OUT = 50, 20  # nn.Linear(50, 20): 1020 coordinates
@@ -447,16 +447,8 @@ def test_two_processes_add_the_same_noise_once(tmp_path):
         if devices == 1:
             main([*args, f"--trainer.default_root_dir={root}"])
         else:
-            cmd = [
-                sys.executable,
-                "-m",
-                "fl_lightning",
-                *args,
-                f"--trainer.default_root_dir={root}",
-                "--trainer.devices=2",
-                FORK,
-            ]
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+            cmd = [*args, f"--trainer.default_root_dir={root}", "--trainer.devices=2", FORK]
+            proc = run_program(cmd, cwd=root, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
         ckpt = next((run_folder(root) / "checkpoints").glob("*.ckpt"))
         runs[devices] = torch.load(ckpt, weights_only=True)

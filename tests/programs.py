@@ -1,0 +1,115 @@
+"""``python -m fl_lightning ...`` for the tests, without paying a Python start each time.
+
+A fresh ``python -m fl_lightning`` spends about 9 s of CPU on the 2-core machine importing torch, Lightning
+(which imports torchmetrics, torchvision and ``torch._dynamo``) and fl_lightning before its first line of
+work: more than the two-process runs of the policy matrix compute. :func:`run_program` starts the same
+command from a process that imported all of that once (Python's ``forkserver``, one per test worker): the
+forked child takes the command's arguments, working folder and environment (``PYTHONPATH``'s folders go
+first on ``sys.path``, ``OMP_NUM_THREADS`` sets torch's threads as a new process would read it), runs
+``fl_lightning``'s ``__main__`` as ``python -m`` does, and gives back its exit status and its stdout and
+stderr as :func:`subprocess.run` gives them (``capture_output=True, text=True``). The child leads its own
+process group, so a timeout stops the ranks it forked too.
+
+What this does not check is the start of a program itself (the interpreter, the console script, an import
+failing in a new process): ``tests/test_cli.py::test_module_entry_point_runs_as_a_program`` and the
+README's commands (``tests/test_readme.py``) start real processes, and so do the runs that Lightning's
+default ``ddp`` launcher starts (``tests/engine/test_distributed.py``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+#: What the fork server imports once: everything ``python -m fl_lightning fit`` imports before it works.
+PRELOAD = ["fl_lightning.cli", "fl_lightning.sweep", "lightning.pytorch.loggers.tensorboard"]
+
+_CONTEXT: multiprocessing.context.BaseContext | None = None
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload([*PRELOAD, __name__])
+    return _CONTEXT
+
+
+def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The forked process: ``python -m fl_lightning *args`` in ``cwd`` with ``env``; never returns."""
+    os.setsid()
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if env.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.argv = ["-m", *args]
+    code: int | str | None = 0
+    try:
+        runpy.run_module("fl_lightning", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        if isinstance(code, str):  # sys.exit("message"): printed, status 1
+            sys.stderr.write(code + "\n")
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(status)
+
+
+def _text(path: Path) -> str:
+    """As :func:`subprocess.run` decodes a captured stream with ``text=True`` (universal newlines)."""
+    data = path.read_bytes() if path.is_file() else b""  # none: the child failed before it ran
+    return data.decode().replace("\r\n", "\n").replace("\r", "\n")
+
+
+def run_program(
+    args: Sequence[str],
+    cwd: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([sys.executable, "-m", "fl_lightning", *args], cwd=cwd, env=env,
+    capture_output=True, text=True, timeout=timeout)``, forked from the worker's preloaded server."""
+    env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="fl-program-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        proc = _context().Process(
+            target=_child, args=(list(args), str(cwd), env, str(out), str(err)), name="MainProcess"
+        )
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.join()
+            raise subprocess.TimeoutExpired(
+                [sys.executable, "-m", "fl_lightning", *args], timeout, _text(out), _text(err)
+            )
+        return subprocess.CompletedProcess(  # exitcode -N: killed by signal N, as Popen says it
+            [sys.executable, "-m", "fl_lightning", *args], proc.exitcode, _text(out), _text(err)
+        )
