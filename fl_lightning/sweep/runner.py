@@ -227,7 +227,9 @@ def _launch(
     offset = err_path.stat().st_size if err_path.exists() else 0
     stdout, stderr = open(out_path, "a"), open(err_path, "a")  # noqa: SIM115 (the child holds them)
     try:
-        proc = subprocess.Popen(cmd, cwd=sweep.root, env=env, stdout=stdout, stderr=stderr)
+        proc = subprocess.Popen(
+            cmd, cwd=sweep.root, env=env, stdout=stdout, stderr=stderr, preexec_fn=_sigint_as_default
+        )
     finally:
         stdout.close()
         stderr.close()
@@ -238,6 +240,13 @@ def _launch(
     else:
         say(f"{tag} start   {run.label}")
     return _Active(run, index, proc, time.monotonic(), err_path, offset, cmd)
+
+
+def _sigint_as_default() -> None:
+    """In a run's process before it starts: SIGINT stops it (:func:`_stop`'s graceful stop) even where the
+    sweep ignores SIGINT (started with ``&`` from a script, under ``nohup``, or after Lightning's handling
+    of a Ctrl-C), which a new process would otherwise inherit. The sweep starts its runs from one thread."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _finish(sweep: Sweep, a: _Active, width: int, total: int) -> str:

@@ -105,7 +105,10 @@ def test_sweep_file_seeds_and_jobs_and_extra_fit_arguments(tmp_path, fake_fit, c
     assert "done    r seed 5: final acc 30.00%" in out
 
 
-def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fake_fit, capsys):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fake_fit, capsys, sigint):
+    """Also from a process that ignores Ctrl-C (``sweep ... &`` in a script, ``nohup``; Lightning too after a
+    fit's first Ctrl-C): the runs it starts take SIGINT as fit's graceful stop, as from a terminal."""
     path = write_sweep(
         tmp_path, {"base": "base.yaml", "args": ["--model.wait=60"], "seeds": [0, 1], "rows": [{"name": "r"}]}
     )
@@ -124,7 +127,13 @@ def test_an_interrupted_sweep_stops_its_runs_and_says_how_to_resume(tmp_path, fa
 
     timer = threading.Thread(target=stop_once_both_wait, daemon=True)
     timer.start()
-    outcome, interrupted = execute(sweep, runs, jobs=2, threads=1, extra=[])
+    before = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler
+    )
+    try:
+        outcome, interrupted = execute(sweep, runs, jobs=2, threads=1, extra=[])
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert interrupted and outcome == {}
     assert "interrupted: 2 run(s) stopped; start the sweep again" in capsys.readouterr().out
     for run in runs:  # each run got SIGINT (Lightning's graceful stop), not a kill
