@@ -310,7 +310,8 @@ class LocalFederation:
         while (self.online() > count) if at_most else (self.online() < count):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not {count} SuperNodes online after {wait:.0f} s; see {self.logs}")
-            time.sleep(1.0)
+            # each look is a `flwr` process (~2 s of CPU); a node going offline takes a minute
+            time.sleep(5.0 if at_most else 1.0)
 
     def _wait_port(self, port: int, wait: float) -> None:
         deadline = time.monotonic() + wait
