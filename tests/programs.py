@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 #: What the fork server imports once: everything ``python -m fl_lightning fit`` imports before it works.
 PRELOAD = ["fl_lightning.cli", "fl_lightning.sweep", "lightning.pytorch.loggers.tensorboard"]
@@ -45,13 +46,29 @@ def _context() -> multiprocessing.context.BaseContext:
     return _CONTEXT
 
 
-def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """The forked process: ``python -m fl_lightning *args`` in ``cwd`` with ``env``; never returns."""
+def _child(
+    args: list[str],
+    cwd: str,
+    env: dict[str, str],
+    out: str,
+    err: str,
+    append: bool = False,
+    fork_programs: bool = False,
+    preexec_fn: Callable[[], Any] | None = None,
+) -> None:
+    """The forked process: ``python -m fl_lightning *args`` in ``cwd`` with ``env``, its output into the
+    files ``out`` and ``err`` (``append``: after what they hold); never returns. ``fork_programs``: the
+    ``python -m fl_lightning`` processes it starts (a sweep's runs) are forked from it (:class:`ForkedPopen`).
+    """
     os.setsid()
     for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC))
         os.dup2(target, fd)
         os.close(target)
+    if preexec_fn is not None:
+        preexec_fn()
+    if fork_programs:
+        subprocess.Popen = _forking_popen(subprocess.Popen)  # type: ignore[misc]
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -92,14 +109,19 @@ def run_program(
     cwd: str | os.PathLike[str],
     env: Mapping[str, str] | None = None,
     timeout: float = 600,
+    fork_programs: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([sys.executable, "-m", "fl_lightning", *args], cwd=cwd, env=env,
-    capture_output=True, text=True, timeout=timeout)``, forked from the worker's preloaded server."""
+    capture_output=True, text=True, timeout=timeout)``, forked from the worker's preloaded server;
+    ``fork_programs``: the ``python -m fl_lightning`` processes the command starts are forked from it."""
     env = dict(os.environ if env is None else env)
     with tempfile.TemporaryDirectory(prefix="fl-program-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         proc = _context().Process(
-            target=_child, args=(list(args), str(cwd), env, str(out), str(err)), name="MainProcess"
+            target=_child,
+            args=(list(args), str(cwd), env, str(out), str(err)),
+            kwargs={"fork_programs": fork_programs},
+            name="MainProcess",
         )
         proc.start()
         proc.join(timeout)
@@ -113,3 +135,56 @@ def run_program(
         return subprocess.CompletedProcess(  # exitcode -N: killed by signal N, as Popen says it
             [sys.executable, "-m", "fl_lightning", *args], proc.exitcode, _text(out), _text(err)
         )
+
+
+class ForkedPopen:
+    """What :class:`subprocess.Popen` gives for ``[sys.executable, "-m", "fl_lightning", ...]`` (with
+    ``stdout``/``stderr`` files, as a sweep starts its runs), forked from the calling process: a program
+    child (:func:`_child`) that imported everything already and runs no other thread."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        stdout: Any = None,
+        stderr: Any = None,
+        preexec_fn: Callable[[], Any] | None = None,
+    ) -> None:
+        self.args = cmd
+        self.returncode: int | None = None
+        self._proc = multiprocessing.get_context("fork").Process(
+            target=_child,
+            args=(cmd[3:], str(cwd or os.getcwd()), dict(os.environ if env is None else env)),
+            kwargs={"out": stdout.name, "err": stderr.name, "append": True, "preexec_fn": preexec_fn},
+            name="MainProcess",
+        )
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._proc.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        code = self.poll()
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def _forking_popen(real: type[subprocess.Popen]) -> Callable[..., Any]:
+    """``subprocess.Popen`` that forks ``python -m fl_lightning`` commands (:class:`ForkedPopen`)."""
+
+    def popen(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(cmd, list) and cmd[:3] == [sys.executable, "-m", "fl_lightning"] and not args:
+            return ForkedPopen(cmd, **kwargs)
+        return real(cmd, *args, **kwargs)
+
+    return popen

@@ -182,9 +182,10 @@ data:
 
 
 def sweep_cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m fl_lightning sweep *args`` in ``folder`` (forked, :mod:`programs`; the runs it starts
-    are real ``python -m fl_lightning fit`` processes)."""
-    return run_program(["sweep", *args], cwd=folder, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
+    """``python -m fl_lightning sweep *args`` in ``folder``, forked, and so are the ``python -m fl_lightning
+    fit`` processes it starts (:mod:`programs`)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return run_program(["sweep", *args], cwd=folder, env=env, timeout=900, fork_programs=True)
 
 
 @pytest.fixture
