@@ -29,6 +29,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ def _child(
     append: bool = False,
     fork_programs: bool = False,
     preexec_fn: Callable[[], Any] | None = None,
+    prelude: str = "",
 ) -> None:
     """The forked process: ``python -m fl_lightning *args`` in ``cwd`` with ``env``, its output into the
     files ``out`` and ``err`` (``append``: after what they hold); never returns. ``fork_programs``: the
@@ -80,6 +82,8 @@ def _child(
     sys.argv = ["-m", *args]
     code: int | str | None = 0
     try:
+        if prelude:
+            exec(compile(prelude, "<prelude>", "exec"), {"__name__": "__prelude__"})
         runpy.run_module("fl_lightning", run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         code = stop.code
@@ -104,6 +108,59 @@ def _text(path: Path) -> str:
     return data.decode().replace("\r\n", "\n").replace("\r", "\n")
 
 
+@dataclass
+class Program:
+    """A started :func:`start_program`: :meth:`finish` waits for it."""
+
+    args: list[str]
+    process: multiprocessing.process.BaseProcess
+    folder: tempfile.TemporaryDirectory
+
+    def finish(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Its exit status and output, as :func:`subprocess.run` gives them (``TimeoutExpired`` after
+        ``timeout`` s, its process group killed)."""
+        cmd = [sys.executable, "-m", "fl_lightning", *self.args]
+        out, err = Path(self.folder.name, "stdout"), Path(self.folder.name, "stderr")
+        try:
+            self.process.join(timeout)
+            if self.process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.join()
+                raise subprocess.TimeoutExpired(cmd, timeout, _text(out), _text(err))
+            # exitcode -N: killed by signal N, as Popen says it
+            return subprocess.CompletedProcess(cmd, self.process.exitcode, _text(out), _text(err))
+        finally:
+            self.folder.cleanup()
+
+
+def start_program(
+    args: Sequence[str],
+    cwd: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    fork_programs: bool = False,
+    prelude: str = "",
+) -> Program:
+    """``subprocess.Popen([sys.executable, "-m", "fl_lightning", *args], cwd=cwd, env=env, ...)`` with
+    captured output, forked from the worker's preloaded server. ``fork_programs``: the ``python -m
+    fl_lightning`` processes the command starts are forked from it; ``prelude``: Python code the process
+    runs first (as ``python -c`` would before calling the program's ``main``), e.g. to wait at a barrier."""
+    folder = tempfile.TemporaryDirectory(prefix="fl-program-")
+    process = _context().Process(
+        target=_child,
+        args=(list(args), str(cwd), dict(os.environ if env is None else env)),
+        kwargs={
+            "out": str(Path(folder.name, "stdout")),
+            "err": str(Path(folder.name, "stderr")),
+            "fork_programs": fork_programs,
+            "prelude": prelude,
+        },
+        name="MainProcess",
+    )
+    process.start()
+    return Program(list(args), process, folder)
+
+
 def run_program(
     args: Sequence[str],
     cwd: str | os.PathLike[str],
@@ -112,29 +169,9 @@ def run_program(
     fork_programs: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([sys.executable, "-m", "fl_lightning", *args], cwd=cwd, env=env,
-    capture_output=True, text=True, timeout=timeout)``, forked from the worker's preloaded server;
-    ``fork_programs``: the ``python -m fl_lightning`` processes the command starts are forked from it."""
-    env = dict(os.environ if env is None else env)
-    with tempfile.TemporaryDirectory(prefix="fl-program-") as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        proc = _context().Process(
-            target=_child,
-            args=(list(args), str(cwd), env, str(out), str(err)),
-            kwargs={"fork_programs": fork_programs},
-            name="MainProcess",
-        )
-        proc.start()
-        proc.join(timeout)
-        if proc.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.join()
-            raise subprocess.TimeoutExpired(
-                [sys.executable, "-m", "fl_lightning", *args], timeout, _text(out), _text(err)
-            )
-        return subprocess.CompletedProcess(  # exitcode -N: killed by signal N, as Popen says it
-            [sys.executable, "-m", "fl_lightning", *args], proc.exitcode, _text(out), _text(err)
-        )
+    capture_output=True, text=True, timeout=timeout)``, forked from the worker's preloaded server
+    (:func:`start_program`)."""
+    return start_program(args, cwd, env, fork_programs=fork_programs).finish(timeout)
 
 
 class ForkedPopen:
