@@ -375,6 +375,9 @@ def test_verbose_brings_back_lightnings_messages_and_a_line_per_round(tmp_path, 
 
 @pytest.mark.slow
 def test_the_zero_config_run_without_a_terminal_prints_a_few_lines(tmp_path):
+    """The real program (a new Python) with no option and no terminal: its progress lines and summary, no
+    Lightning tips, notices or warnings (on stdout or stderr), and no line on stderr. The one run of ``fit``
+    as a program in the suite (``tests/test_cli.py``'s programs stop at an error line)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "fl_lightning", "fit"],
@@ -388,6 +391,8 @@ def test_the_zero_config_run_without_a_terminal_prints_a_few_lines(tmp_path):
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 20, lines  # ten progress lines and the summary
     assert [m for m in HIDDEN if m in proc.stdout + proc.stderr] == []
+    noise = ("Tip:", "TPU available", "GPU available", "val_check_interval=1", "deprecated", "Warning")
+    assert [m for m in noise if m in proc.stdout + proc.stderr] == []
     assert lines[-8] == "fl_lightning summary" and proc.stderr == ""
     assert json.loads((run_folder(tmp_path) / "summary.json").read_text())["rounds"] == 40
 
