@@ -3,12 +3,10 @@ keeps its summary, TensorBoard's HPARAMS tab, checkpoints named by round, quiet 
 
 import json
 import logging
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.runs import read_scalars, read_summary
 
 from conftest import run_folder
+from programs import start_program
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -46,47 +45,44 @@ def run_cli(root: Path, *args: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ one run, one folder
-def _fit_together(ready: Path, folder: Path, args: list[str]) -> None:
-    """A forked process's ``main(args)`` in ``folder``, whose trainer (and run folder) is made only once both
-    runs got there (``ready``: this run's file beside the other's)."""
-    build = FederatedCLI._instantiate_trainer
-
-    def together(self, config, callbacks):
-        ready.touch()
-        waited = 0.0
-        while len(list(ready.parent.glob("*.ready"))) < 2 and waited < 300:
-            time.sleep(0.01)
-            waited += 0.01
-        return build(self, config, callbacks)
-
-    os.chdir(folder)
-    FederatedCLI._instantiate_trainer = together  # in this forked process only
-    main(args)
+#: Run first by each ``fit`` process (:func:`programs.start_program`'s prelude, as ``python -c`` before
+#: ``main``): its trainer (and run folder) is made only once both runs got there (``READY``: this run's file
+#: beside the other's).
+TOGETHER = """
+import time
+from pathlib import Path
+from fl_lightning import cli
+build = cli.FederatedCLI._instantiate_trainer
+def together(self, config, callbacks):
+    ready = Path(READY)
+    ready.touch()
+    waited = 0.0
+    while len(list(ready.parent.glob("*.ready"))) < 2 and waited < 300:
+        time.sleep(0.01)
+        waited += 0.01
+    return build(self, config, callbacks)
+cli.FederatedCLI._instantiate_trainer = together
+"""
 
 
 @pytest.mark.slow
 def test_two_fits_started_together_get_their_own_folders(tmp_path):
     """Both runs choose their folder at the same moment (a barrier before the Trainer is made), each in its
-    own process. The processes are forked from this one, which imported fl_lightning already: a new Python
-    each cost 14 s of CPU here importing torch, Lightning and fl_lightning; the folder's claim is the same."""
+    own process (forked from the tests' preloaded server, :mod:`programs`: a new Python each cost 14 s of
+    CPU here importing torch, Lightning and fl_lightning; the folder's claim is the same)."""
     (tmp_path / "barrier").mkdir()
-    fork = multiprocessing.get_context("fork")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
-        fork.Process(
-            target=_fit_together,
-            args=(
-                tmp_path / "barrier" / f"{s}.ready",
-                tmp_path,
-                ["fit", "--trainer.max_steps=2", *TINY, f"--seed_everything={s}"],
-            ),
+        start_program(
+            ["fit", "--trainer.max_steps=2", *TINY, f"--seed_everything={s}"],
+            cwd=tmp_path,
+            env=env,
+            prelude=f"READY = {str(tmp_path / 'barrier' / f'{s}.ready')!r}\n{TOGETHER}",
         )
         for s in (1, 2)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    assert [p.exitcode for p in procs] == [0, 0]
+    done = [p.finish(timeout=600) for p in procs]
+    assert [d.returncode for d in done] == [0, 0], [d.stderr[-3000:] for d in done]
     runs = sorted((tmp_path / "lightning_logs").iterdir())
     assert [r.name for r in runs] == ["version_0-fedavg-dirichlet", "version_1-fedavg-dirichlet"]
     seeds = set()
