@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import itertools
 import re
@@ -19,6 +20,9 @@ from fl_lightning.data.partition import PARTITIONERS
 from fl_lightning.data.transforms import TRANSFORMS
 from fl_lightning.models import MODELS
 from fl_lightning.strategies import list_strategies
+
+#: PyYAML's safe loader, in C where PyYAML was built with libyaml (the same values, several times faster).
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 #: Known class names by the last part of the field that takes them, for "did you mean" on a mistyped name.
 REGISTRIES = {
@@ -70,14 +74,7 @@ class FederatedArgumentParser(LightningArgumentParser):
 
     def _load_config_parser_mode(self, content: str, *more: Any, **kwargs: Any) -> Any:
         """A config file's content with the former dataset spellings upgraded, then jsonargparse's reading."""
-        try:
-            loaded = yaml.safe_load(content)
-        except yaml.YAMLError:  # jsonargparse reports it (one line: yaml_error)
-            loaded = None
-        upgraded = upgrade_config(loaded)
-        if upgraded is not loaded and upgraded != loaded:
-            content = yaml.safe_dump(upgraded, sort_keys=False)
-        return super()._load_config_parser_mode(content, *more, **kwargs)
+        return super()._load_config_parser_mode(upgraded_content(content), *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse is trying alternatives: let it catch the error
@@ -113,6 +110,24 @@ class FederatedArgumentParser(LightningArgumentParser):
         with contextlib.suppress(Exception):  # an error inside an error message: the parser's own suffice
             keys += config_keys(self.get_defaults().as_dict())
         return keys
+
+
+@functools.lru_cache(maxsize=256)
+def upgraded_content(content: str) -> str:
+    """A config file's text with the former dataset spellings upgraded (:func:`upgrade_config`); the text
+    itself when nothing changes or it is not YAML (jsonargparse reports that in one line: yaml_error).
+
+    Kept by text (a sweep reads the same few files for every row; an edited file is new text): the
+    answer is a function of the text alone. Read with libyaml where PyYAML has it (as jsonargparse reads).
+    """
+    try:
+        loaded = yaml.load(content, Loader=SAFE_LOADER)
+    except yaml.YAMLError:
+        return content
+    upgraded = upgrade_config(loaded)
+    if upgraded is not loaded and upgraded != loaded:
+        return yaml.safe_dump(upgraded, sort_keys=False)
+    return content
 
 
 #: Words whose full stop ends no sentence (``e.g.``, ``et al.``, ``Alg. 1``, ``Sec. 3``, ...).
