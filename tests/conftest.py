@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,25 +37,11 @@ FLOWER_PROCESSES = "flower_processes"
 #: Test files whose ``slow`` tests take longest (``python -m pytest --durations=40``), started right after
 #: that group so that no long test starts last and keeps one worker busy while the others are done.
 LONGEST = (
-    "tests/test_cli_runs.py",
-    "tests/engine/test_distributed.py",
-    "tests/test_readme.py",
     "tests/sweep/test_runner.py",
     "tests/engine/test_policies.py",
-    "tests/sweep/test_spec.py",
+    "tests/strategies/test_cfl.py",
+    "tests/engine/test_distributed.py",
 )
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: a worker per core and one more. The :data:`FLOWER_PROCESSES` group's worker spends most
-    of its ~8 minutes waiting on Flower's processes (a SuperLink's 60 s heartbeat patience, 15 s round
-    timeouts, Ray), while every other test is one-threaded CPU work (``torch.set_num_threads(1)``): on the
-    2-core machine the suite kept the cores busy 161% of 200% with two workers.
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides where it is set (pytest-xdist's own rule)."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    return len(os.sched_getaffinity(0)) + 1
 
 
 def _run_order(item: pytest.Item) -> int:
