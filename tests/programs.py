@@ -36,15 +36,12 @@ from typing import Any
 #: What the fork server imports once: everything ``python -m fl_lightning fit`` imports before it works.
 PRELOAD = ["fl_lightning.cli", "fl_lightning.sweep", "lightning.pytorch.loggers.tensorboard"]
 
-_CONTEXT: multiprocessing.context.BaseContext | None = None
+#: The command the helpers below stand in for (its arguments follow).
+PROGRAM = [sys.executable, "-m", "fl_lightning"]
 
-
-def _context() -> multiprocessing.context.BaseContext:
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload([*PRELOAD, __name__])
-    return _CONTEXT
+#: Python's fork server for this process (started at its first use, then kept); it imports :data:`PRELOAD`.
+_SERVER = multiprocessing.get_context("forkserver")
+_SERVER.set_forkserver_preload([*PRELOAD, __name__])
 
 
 def _child(
@@ -119,7 +116,7 @@ class Program:
     def finish(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """Its exit status and output, as :func:`subprocess.run` gives them (``TimeoutExpired`` after
         ``timeout`` s, its process group killed)."""
-        cmd = [sys.executable, "-m", "fl_lightning", *self.args]
+        cmd = [*PROGRAM, *self.args]
         out, err = Path(self.folder.name, "stdout"), Path(self.folder.name, "stderr")
         try:
             self.process.join(timeout)
@@ -146,7 +143,7 @@ def start_program(
     fl_lightning`` processes the command starts are forked from it; ``prelude``: Python code the process
     runs first (as ``python -c`` would before calling the program's ``main``), e.g. to wait at a barrier."""
     folder = tempfile.TemporaryDirectory(prefix="fl-program-")
-    process = _context().Process(
+    process = _SERVER.Process(
         target=_child,
         args=(list(args), str(cwd), dict(os.environ if env is None else env)),
         kwargs={
@@ -192,7 +189,7 @@ class ForkedPopen:
         self.returncode: int | None = None
         self._proc = multiprocessing.get_context("fork").Process(
             target=_child,
-            args=(cmd[3:], str(cwd or os.getcwd()), dict(os.environ if env is None else env)),
+            args=(cmd[len(PROGRAM) :], str(cwd or os.getcwd()), dict(os.environ if env is None else env)),
             kwargs={"out": stdout.name, "err": stderr.name, "append": True, "preexec_fn": preexec_fn},
             name="MainProcess",
         )
@@ -220,7 +217,7 @@ def _forking_popen(real: type[subprocess.Popen]) -> Callable[..., Any]:
     """``subprocess.Popen`` that forks ``python -m fl_lightning`` commands (:class:`ForkedPopen`)."""
 
     def popen(cmd: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(cmd, list) and cmd[:3] == [sys.executable, "-m", "fl_lightning"] and not args:
+        if isinstance(cmd, list) and cmd[: len(PROGRAM)] == PROGRAM and not args:
             return ForkedPopen(cmd, **kwargs)
         return real(cmd, *args, **kwargs)
 
