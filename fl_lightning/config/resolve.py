@@ -39,6 +39,7 @@ def resolver() -> Callable[..., dict[str, Any]]:
     """
     with console(), parse_errors():
         parser = _ParseOnly(args=[], run=False).parser
+        _keep_defaults(parser)
 
     def resolve(args: list[str], check: bool = True) -> dict[str, Any]:
         with console(), parse_errors():
@@ -71,6 +72,21 @@ def dump_as_loaded(parser: LightningArgumentParser, config: Namespace) -> dict[s
     """
     text = parser.dump(config, format=_FAST_YAML, skip_unset=False, skip_validation=True)
     return yaml.load(text, Loader=SAFE_LOADER)
+
+
+def _keep_defaults(parser: LightningArgumentParser) -> None:
+    """Make ``parser`` compute its defaults once: each parse starts from a copy of them.
+
+    jsonargparse computes a parser's defaults again for every parse (a fifth of a sweep row's resolution);
+    they depend only on the parser, which :func:`resolver` builds once and never changes afterwards (it has
+    no default config files and reads no environment: see ``tests/config/test_resolve.py``).
+    """
+    defaults = parser.get_defaults(skip_validation=True)
+
+    def get_defaults(skip_validation: bool = False, **kwargs: Any) -> Namespace:
+        return defaults.clone()
+
+    parser.get_defaults = get_defaults  # type: ignore[method-assign]
 
 
 def _instantiate(parser: LightningArgumentParser, config: Namespace) -> None:

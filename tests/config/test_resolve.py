@@ -86,3 +86,21 @@ def test_upgraded_content_is_the_text_unless_a_former_spelling_is_upgraded():
     upgraded = yaml.safe_load(upgraded_content(former))
     assert upgraded["data"]["dataset"]["class_path"].endswith("FedProxSynthetic")
     assert upgraded_content(former) is upgraded_content(former)  # kept: read once per text
+
+
+def test_one_resolver_gives_each_command_line_what_a_new_parser_gives():
+    """The resolver keeps its parser's defaults (computed once): a command line that changes a class, its
+    arguments or a callback list does not leak into the next one's resolution."""
+    lines = [
+        ["--model.strategy=FedProx", "--model.strategy.mu=0.5", "--data.partition=Pathological"],
+        ["--trainer.max_steps=3", "--data.num_clients=6"],
+        ["--model.strategy=Scaffold", "--data.dataset=Shakespeare", "--data.dataset.max_windows=50"],
+        [],
+    ]
+    resolve = resolver()
+    with console(), parse_errors():
+        parser = _ParseOnly(args=[], run=False).parser
+        assert parser._get_default_config_files() == [] and not parser.default_env  # nothing else read
+        fresh = [dump_as_loaded(parser, parser.parse_args(args)) for args in lines]
+    assert [resolve(args, False) for args in lines] == fresh
+    assert resolve([], False)["model"]["strategy"]["class_path"] == "fl_lightning.strategies.FedAvg"

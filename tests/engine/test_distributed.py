@@ -125,7 +125,7 @@ def test_failing_clients_are_excluded_on_any_process(tmp_path, monkeypatch):
         "--model.strategy.nan_on=[2,3]",
         "--model.participation=1.0",
     ]
-    two = _run(tmp_path / "two", 2, *extra, fork=False)
+    two = _run(tmp_path / "two", 2, *extra)
     assert [r["failed"] for r in two["fl_lightning"]["history"]] == [4, 4, 4]
     assert all(torch.isfinite(v).all() for v in two["state_dict"].values())
 
