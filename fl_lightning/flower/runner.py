@@ -167,10 +167,12 @@ class ClientAppRunner:
             --ssl-certfile``); None: plain HTTP, allowed on this machine only (see :func:`runtime_tls`).
         insecure: Plain HTTP to a Runtime API on another machine.
         poll_interval: Seconds between two asks for a task right after one ran (the next message of a
-            round usually follows within a second).
-        max_poll_interval: While no task comes, the wait between two asks grows by half each time up to
-            this (Flower's own ``flower-superexec`` asks every second): an idle runner and its SuperNode
-            then cost almost nothing, where a constant 0.05 s kept them at a fifth of a core each.
+            round often follows within a second).
+        max_poll_interval: The longest wait between two asks (Flower's own ``flower-superexec`` asks every
+            second). While no task comes, the wait is a twentieth of the time since the last task (the
+            rule of :class:`~fl_lightning.flower.executor.FlowerExecutor`'s asks for replies), between the
+            two: a message waits at most 5% longer than the runner was idle, and an idle runner and its
+            SuperNode cost almost nothing, where asking every 0.05 s kept them at a fifth of a core each.
     """
 
     runtime_api_address: str = DEFAULT_RUNTIME_API
@@ -205,7 +207,7 @@ class ClientAppRunner:
         client = self._client(RuntimeVersionHttpInterceptor(component_name="SuperExec"))
         request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
         log.info("clientapp: serving the ClientApp tasks of the SuperNode at %s", self.runtime_api_address)
-        wait = self.poll_interval
+        idle_since = time.monotonic()
         try:
             while not stop.is_set() and (max_tasks is None or self.tasks < max_tasks):
                 try:
@@ -216,10 +218,10 @@ class ClientAppRunner:
                     continue
                 if res.HasField("task") and res.token:
                     self.run_task(res.token)
-                    wait = self.poll_interval
+                    idle_since = time.monotonic()
                 else:
-                    stop.wait(wait)
-                    wait = min(self.max_poll_interval, wait * 1.5)
+                    idle = time.monotonic() - idle_since
+                    stop.wait(min(self.max_poll_interval, max(self.poll_interval, idle / 20)))
         finally:
             client.close()
 
