@@ -172,7 +172,7 @@ class ClientAppRunner:
             second). While no task comes, the wait is a twentieth of the time since the last task (the
             rule of :class:`~fl_lightning.flower.executor.FlowerExecutor`'s asks for replies), between the
             two: a message waits at most 5% longer than the runner was idle, and an idle runner and its
-            SuperNode cost almost nothing, where asking every 0.05 s kept them at a fifth of a core each.
+            SuperNode cost almost nothing (0.3 s of CPU per 30 s here; asking every 0.05 s, 3.5 s).
     """
 
     runtime_api_address: str = DEFAULT_RUNTIME_API
