@@ -71,6 +71,16 @@ LOCAL_STEPS = "local-steps"
 DATA_SOURCE = "data"
 #: Seconds of the first waits between two asks for replies (:class:`FlowerExecutor`'s ``poll_interval``).
 MIN_POLL = 0.005
+
+
+def poll_wait(waited: float, least: float, most: float) -> float:
+    """The wait before asking again after ``waited`` seconds without what is asked for: a twentieth of it,
+    between ``least`` and ``most``, so what comes is seen at most 5% (or ``least``) after it came while an
+    idle asker asks less and less often (replies here; a ClientApp runner's tasks,
+    :class:`~fl_lightning.flower.runner.ClientAppRunner`)."""
+    return min(most, max(least, waited / 20))
+
+
 #: Flower's form of an exception raised by a ClientApp (``flwr-clientapp``): ``<class 'mod.Name'>:<'text'>``.
 _FLOWER_REASON = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
 
@@ -230,7 +240,7 @@ class FlowerExecutor(Executor):
             now = time.monotonic()
             if not waiting or (end is not None and now >= end):
                 break
-            time.sleep(min(self.poll_interval, max(MIN_POLL, (now - start) / 20)))
+            time.sleep(poll_wait(now - start, MIN_POLL, self.poll_interval))
         return replies
 
     def _send(

@@ -64,6 +64,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from fl_lightning.errors import ConfigError
+from fl_lightning.flower.executor import poll_wait
 
 log = logging.getLogger("fl_lightning")
 
@@ -169,10 +170,11 @@ class ClientAppRunner:
         poll_interval: Seconds between two asks for a task right after one ran (the next message of a
             round often follows within a second).
         max_poll_interval: The longest wait between two asks (Flower's own ``flower-superexec`` asks every
-            second). While no task comes, the wait is a twentieth of the time since the last task (the
-            rule of :class:`~fl_lightning.flower.executor.FlowerExecutor`'s asks for replies), between the
-            two: a message waits at most 5% longer than the runner was idle, and an idle runner and its
-            SuperNode cost almost nothing (0.3 s of CPU per 30 s here; asking every 0.05 s, 3.5 s).
+            second). While no task comes, the wait is a twentieth of the time since the last task
+            (:func:`~fl_lightning.flower.executor.poll_wait`, as for the ServerApp's asks for replies),
+            between the two: a message waits at most 5% longer than the runner was idle, and an idle
+            runner and its SuperNode cost almost nothing (0.3 s of CPU per 30 s here; asking every
+            0.05 s, 3.5 s).
     """
 
     runtime_api_address: str = DEFAULT_RUNTIME_API
@@ -221,7 +223,7 @@ class ClientAppRunner:
                     idle_since = time.monotonic()
                 else:
                     idle = time.monotonic() - idle_since
-                    stop.wait(min(self.max_poll_interval, max(self.poll_interval, idle / 20)))
+                    stop.wait(poll_wait(idle, self.poll_interval, self.max_poll_interval))
         finally:
             client.close()
 

@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from fl_lightning.engine.distributed import assign_clients
 from fl_lightning.engine.record import RoundRecord
 
 from conftest import FORK, run_folder
-from programs import run_program
+from programs import PROGRAM, run_program
 
 TESTS = Path(__file__).resolve().parents[1]
 # Two processes sum their clients' weighted uploads before the all-reduce, one process sums them all
@@ -53,7 +52,7 @@ def _run(tmp: Path, devices: int, *extra: str, fork: bool = True) -> dict:
         if fork:  # the ranks fork from one process: that process may be forked too (tests/programs.py)
             proc = run_program([*args, f"--trainer.devices={devices}", FORK], cwd=tmp, env=env, timeout=300)
         else:  # Lightning's launcher starts `python -m fl_lightning ...` again: a real program start
-            cmd = [sys.executable, "-m", "fl_lightning", *args, f"--trainer.devices={devices}"]
+            cmd = [*PROGRAM, *args, f"--trainer.devices={devices}"]
             proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = next((run_folder(tmp) / "checkpoints").glob("*.ckpt"))
